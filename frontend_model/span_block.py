@@ -1,0 +1,128 @@
+"""Pure construction of span and prefix blocks: backend or persona text -> normalised, scrubbed tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sentencepiece
+import torch
+
+from frontend_model.block import Block
+from frontend_model.span_config import SpanConfig
+from frontend_model.text_normaliser import normalise_text
+
+WORD_START = "\u2581"
+
+
+@dataclass(frozen=True)
+class SpanBuild:
+    """The outcome of turning backend text into a span: a block, or the reason there is none."""
+
+    block: Block | None
+    text: str
+    token_ids: tuple[int, ...]
+    truncated: bool = False
+    dropped_text: str = ""
+    reason: str | None = None
+
+    @property
+    def frames(self) -> int:
+        return self.block.frames if self.block is not None else 0
+
+
+def forbidden_ids(tokenizer: sentencepiece.SentencePieceProcessor, span: SpanConfig) -> frozenset[int]:
+    """Ids backend text may never produce: the span and retrieval ids, control pieces and byte fallbacks."""
+    special = {
+        i for i in range(tokenizer.vocab_size())
+        if tokenizer.is_byte(i) or tokenizer.is_control(i) or tokenizer.is_unknown(i)
+    }
+    return frozenset(special | span.control_ids)
+
+
+def tokenize_data_text(
+    text: str, tokenizer: sentencepiece.SentencePieceProcessor, forbidden: frozenset[int]
+) -> tuple[str, list[int]]:
+    """Normalise, tokenise and drop every control id, so that backend text stays data."""
+    normalised = normalise_text(text)
+    ids = [i for i in tokenizer.encode(normalised) if i not in forbidden]
+    return normalised, ids
+
+
+def cut_at_word_boundary(
+    ids: list[int], limit: int, tokenizer: sentencepiece.SentencePieceProcessor
+) -> list[int]:
+    """The longest prefix of at most `limit` tokens that ends where a word ends (hard cut if no word fits)."""
+    if len(ids) <= limit:
+        return ids
+    for end in range(limit, 0, -1):
+        if tokenizer.id_to_piece(ids[end]).startswith(WORD_START):
+            return ids[:end]
+    return ids[:limit]
+
+
+def frames_block(text_ids: list[int], agent: torch.Tensor, user: torch.Tensor) -> Block:
+    """Stack a text row over [agent, n] and [user, n] code rows."""
+    text = torch.tensor(text_ids, dtype=torch.long)[None]
+    return Block(torch.cat([text, agent.to(torch.long), user.to(torch.long)], dim=0))
+
+
+def placeholder_rows(span: SpanConfig, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+    agent = torch.tensor(span.silence_codes, dtype=torch.long)[:, None].expand(-1, frames)
+    user = torch.tensor(span.sine_codes, dtype=torch.long)[:, None].expand(-1, frames)
+    return agent, user
+
+
+def build_span(
+    text: str,
+    tokenizer: sentencepiece.SentencePieceProcessor,
+    span: SpanConfig,
+    max_frames: int,
+    forbidden: frozenset[int] | None = None,
+) -> SpanBuild:
+    """Backend text -> `[open] + tokens + [close]` with silence on agent rows and sine on user rows."""
+    if max_frames < 3:
+        raise ValueError(f"max_frames must leave room for open, one token and close, got {max_frames}")
+    forbidden = forbidden if forbidden is not None else forbidden_ids(tokenizer, span)
+    normalised, ids = tokenize_data_text(text, tokenizer, forbidden)
+    if not ids:
+        reason = "empty text" if not text.strip() else "nothing left after removing control text"
+        return SpanBuild(None, normalised, (), reason=reason)
+    kept = cut_at_word_boundary(ids, max_frames - 2, tokenizer)
+    truncated = len(kept) < len(ids)
+    row = [span.open_id, *kept, span.close_id]
+    agent, user = placeholder_rows(span, len(row))
+    return SpanBuild(
+        block=frames_block(row, agent, user),
+        text=tokenizer.decode(kept),
+        token_ids=tuple(kept),
+        truncated=truncated,
+        dropped_text=tokenizer.decode(ids[len(kept):]) if truncated else "",
+    )
+
+
+def build_prefix(
+    system_text: str,
+    tokenizer: sentencepiece.SentencePieceProcessor,
+    span: SpanConfig,
+    voice_codes: torch.Tensor | None = None,
+    forbidden: frozenset[int] | None = None,
+) -> Block | None:
+    """Persona prefix: voice prompt frames (text padded), then `<system> persona <system>` one token a frame.
+
+    `voice_codes` is [agent, m] in the depformer's (delayed) layout; the user side hears the sine throughout.
+    """
+    forbidden = forbidden if forbidden is not None else forbidden_ids(tokenizer, span)
+    parts: list[Block] = []
+    if voice_codes is not None and voice_codes.shape[1] > 0:
+        m = voice_codes.shape[1]
+        _, user = placeholder_rows(span, m)
+        parts.append(frames_block([span.text_pad_id] * m, voice_codes, user))
+    _, persona_ids = tokenize_data_text(system_text, tokenizer, forbidden)
+    if persona_ids:
+        marker = tokenizer.encode("<system>")
+        row = [*marker, *persona_ids, *marker]
+        agent, user = placeholder_rows(span, len(row))
+        parts.append(frames_block(row, agent, user))
+    if not parts:
+        return None
+    return Block(torch.cat([p.tokens for p in parts], dim=1))

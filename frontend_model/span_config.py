@@ -1,0 +1,45 @@
+"""Per-checkpoint Context Span configuration: every special id and placeholder lives here, nowhere else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Mimi codes of 80 ms of silence and of a 440 Hz sine at amplitude 0.5 for PersonaPlex-family codec weights.
+PERSONAPLEX_SILENCE_CODES = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
+PERSONAPLEX_SINE_CODES = (430, 1268, 381, 1611, 1095, 1495, 56, 472)
+
+
+@dataclass(frozen=True)
+class SpanConfig:
+    """What the engine and the block builder must know about one checkpoint's span conventions.
+
+    `agent_codebooks` / `user_codebooks` are the audio rows the LM reads per side (8 each for Moshi 7B);
+    `dep_q` is how many rows the depformer predicts, which PersonaPlex-family checkpoints set to 16.
+    """
+
+    ret_id: int
+    open_id: int
+    close_id: int
+    text_pad_id: int
+    silence_codes: tuple[int, ...]
+    sine_codes: tuple[int, ...]
+    agent_codebooks: int
+    user_codebooks: int
+    dep_q: int
+    context: int
+
+    def __post_init__(self) -> None:
+        if len(self.silence_codes) != self.agent_codebooks:
+            raise ValueError(
+                f"silence_codes has {len(self.silence_codes)} codes, expected {self.agent_codebooks}"
+            )
+        if len(self.sine_codes) != self.user_codebooks:
+            raise ValueError(f"sine_codes has {len(self.sine_codes)} codes, expected {self.user_codebooks}")
+
+    @property
+    def num_rows(self) -> int:
+        return 1 + self.agent_codebooks + self.user_codebooks
+
+    @property
+    def control_ids(self) -> frozenset[int]:
+        return frozenset({self.ret_id, self.open_id, self.close_id, self.text_pad_id})
