@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from moshi.models.lm import LMGen, scatter_with_mask_
 
+from frontend_model.block import Block
 from frontend_model.kv_ring import widen_kv_rings
 from frontend_model.loading import LoadedModel
-from frontend_model.block import Block
 
 DEFAULT_MAX_SPAN_FRAMES = 640
 
@@ -156,7 +156,7 @@ class Engine:
         self.steps += block.frames
 
     # internals -----------------------------------------------------------------------------------------
-    def _state(self):  # noqa: ANN202 - moshi's private state type
+    def _state(self):
         state = self.lm_gen._streaming_state
         if state is None:
             raise EngineStateError("engine not started")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,7 +221,10 @@ def _load_state(path: Path, device: str) -> dict[str, torch.Tensor]:
     if path.suffix in (".safetensors", ".sft", ".sfts"):
         return load_file(str(path), device=device)
     # Pickled checkpoints may come from anywhere: never let them run code.
-    package = torch.load(path, map_location=device, weights_only=True)
+    try:
+        package = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ModelLoadError(f"refusing to load {path}: it holds more than tensors ({exc})") from exc
     for key in ("fsdp_best_state", "model"):
         if isinstance(package, dict) and key in package:
             package = package[key]

@@ -42,8 +42,13 @@ def forbidden_ids(tokenizer: sentencepiece.SentencePieceProcessor, span: SpanCon
 def tokenize_data_text(
     text: str, tokenizer: sentencepiece.SentencePieceProcessor, forbidden: frozenset[int]
 ) -> tuple[str, list[int]]:
-    """Normalise, tokenise and drop every control id, so that backend text stays data."""
+    """Normalise, drop characters the vocabulary can only spell with byte pieces, tokenise, drop control ids.
+
+    Unspellable characters go before tokenising so that none leaves a dangling word-start piece behind.
+    """
     normalised = normalise_text(text)
+    kept = "".join(ch for ch in normalised if ch.isspace() or not forbidden.intersection(tokenizer.encode(ch)))
+    normalised = " ".join(kept.split())
     ids = [i for i in tokenizer.encode(normalised) if i not in forbidden]
     return normalised, ids
 

@@ -1,0 +1,172 @@
+"""`contextspan bench span`: the paper's Table 1 (span prefill + one step per span length n).
+
+Per n: one-pass injection + the next step (mean +- std, P99), the same span forced frame by frame, the speed-up
+of one pass over frame-by-frame forcing, and the max abs difference of the next-step text logits between them.
+Also the cost of one whole frame (Mimi encode + LM step + Mimi decode) at batch 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.machine import machine_info
+from frontend_model.block import Block
+from frontend_model.codec import FrameCodec
+from frontend_model.engine import GREEDY, Engine, device_sync, time_call
+from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
+from frontend_model.profiles import PROFILES
+from frontend_model.span_block import forbidden_ids, frames_block, placeholder_rows, tokenize_data_text
+
+SPAN_TEXT = (
+    "According to the knowledge base, the museum opens every day except Tuesday from nine in the morning until "
+    "six in the evening, and the train from London to Edinburgh takes about four and a half hours. "
+)
+WARM_STEPS = 8
+
+
+def span_of_frames(model: LoadedModel, frames: int) -> Block:
+    """A real text span of exactly `frames` frames: open, normalised text tokens, close."""
+    _, ids = tokenize_data_text(SPAN_TEXT, model.tokenizer, forbidden_ids(model.tokenizer, model.span))
+    body = (ids * (frames // max(len(ids), 1) + 1))[: max(frames - 2, 0)]
+    row = ([model.span.open_id, *body, model.span.close_id])[:frames]
+    return frames_block(row, *placeholder_rows(model.span, frames))
+
+
+def summarise(samples_s: list[float]) -> dict[str, float]:
+    ms = np.array(samples_s) * 1000
+    return {
+        "mean_ms": float(ms.mean()),
+        "std_ms": float(ms.std()),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "runs": len(ms),
+    }
+
+
+def measure_one_pass(model: LoadedModel, frames: int, repeats: int, max_span: int) -> list[float]:
+    sync = device_sync(model.device)
+    user = torch.tensor(model.span.sine_codes)
+    block = span_of_frames(model, frames) if frames else None
+    with Engine(model, GREEDY, max_span_frames=max_span) as engine:
+        for _ in range(WARM_STEPS):
+            engine.step(user)
+
+        def once() -> None:
+            if block is not None:
+                engine.inject(block)
+            engine.step(user)
+
+        once()
+        return [time_call(once, sync) for _ in range(repeats)]
+
+
+def measure_stepwise(model: LoadedModel, frames: int, repeats: int, max_span: int) -> list[float]:
+    sync = device_sync(model.device)
+    user = torch.tensor(model.span.sine_codes)
+    block = span_of_frames(model, frames)
+    with Engine(model, GREEDY, max_span_frames=max_span) as engine:
+        for _ in range(WARM_STEPS):
+            engine.step(user)
+        return [time_call(lambda: (engine.inject_stepwise(block), engine.step(user)), sync) for _ in range(repeats)]
+
+
+def next_step_logits(model: LoadedModel, frames: int, one_pass: bool, max_span: int) -> torch.Tensor:
+    user = torch.tensor(model.span.sine_codes)
+    block = span_of_frames(model, frames)
+    with Engine(model, GREEDY, max_span_frames=max_span) as engine:
+        for _ in range(WARM_STEPS):
+            engine.step(user)
+        (engine.inject if one_pass else engine.inject_stepwise)(block)
+        engine.step(user)
+        assert engine.last_text_logits is not None
+        return engine.last_text_logits.float().clone()
+
+
+def measure_frame(model: LoadedModel, repeats: int) -> list[float]:
+    """Whole frame at batch 1: Mimi encode, LM step, Mimi decode."""
+    sync = device_sync(model.device)
+    rng = np.random.default_rng(0)
+    pcm = (0.1 * rng.standard_normal(FRAME_SAMPLES)).astype(np.float32)
+    codec = FrameCodec(model.mimi)
+    codec.open()
+    try:
+        with Engine(model, GREEDY) as engine:
+
+            def frame() -> None:
+                out = engine.step(codec.encode(pcm))
+                if out.agent_codes is not None:
+                    codec.decode(out.agent_codes)
+
+            for _ in range(WARM_STEPS):
+                frame()
+            return [time_call(frame, sync) for _ in range(repeats)]
+    finally:
+        codec.close()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    model = load_model(args.profile, args.checkpoint, device=args.device)
+    frames = sorted(set(args.frames))
+    max_span = max(max(frames), 1)
+    rows = []
+    for n in frames:
+        one_pass = measure_one_pass(model, n, args.repeats, max_span)
+        row: dict[str, Any] = {"frames": n, "span_plus_step": summarise(one_pass)}
+        if n > 0:
+            stepwise = measure_stepwise(model, n, args.stepwise_repeats, max_span)
+            row["stepwise_plus_step"] = summarise(stepwise)
+            row["speedup"] = statistics.mean(stepwise) / statistics.mean(one_pass)
+            diff = next_step_logits(model, n, True, max_span) - next_step_logits(model, n, False, max_span)
+            row["max_abs_logit_diff"] = float(diff.abs().max())
+        rows.append(row)
+        print_row(row)
+    return {
+        "benchmark": "span",
+        "profile": args.profile,
+        "dtype": str(model.lm.dtype),
+        "machine": machine_info(str(model.device)),
+        "frame": summarise(measure_frame(model, args.repeats)),
+        "rows": rows,
+    }
+
+
+def print_row(row: dict[str, Any]) -> None:
+    s = row["span_plus_step"]
+    line = f"{row['frames']:>6} | {s['mean_ms']:8.2f} +- {s['std_ms']:6.2f} | {s['p99_ms']:8.2f}"
+    if "speedup" in row:
+        w = row["stepwise_plus_step"]
+        line += f" | {w['mean_ms']:10.1f} | {row['speedup']:7.1f}x | {row['max_abs_logit_diff']:.2e}"
+    print(line, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="contextspan bench span", description=__doc__)
+    parser.add_argument("--profile", default="tiny", choices=PROFILES)
+    parser.add_argument("--checkpoint", default=None)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--frames", type=lambda s: [int(x) for x in s.split(",")], default=[0, 16, 64, 256, 600])
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--stepwise-repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = parser.parse_args(argv)
+    print("     n | span+step mean +- std (ms) | P99 (ms) | stepwise (ms) | speed-up | max |dlogit|", flush=True)
+    result = run(args)
+    f = result["frame"]
+    print(f"whole frame (encode + step + decode): median {f['p50_ms']:.2f} ms, P99 {f['p99_ms']:.2f} ms")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The README's two commands:  scripts/dev.sh serve [contextspan serve flags]   |   scripts/dev.sh test [pytest args]
+# Both set up .venv first (idempotent; skipped when nothing changed), `test` also the Debian packages tests use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_VERSION="2.13.0"
+MOSHI_VERSION="0.2.13"
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+setup_python() {
+    local stamp=.venv/.contextspan-setup
+    local want
+    want="$(cat pyproject.toml scripts/dev.sh | sha256sum | cut -c1-16)-$1"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        return
+    fi
+    [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+    echo "contextspan: installing Python packages into .venv (torch $TORCH_VERSION, moshi $MOSHI_VERSION)" >&2
+    # Without CONTEXTSPAN_TORCH_INDEX, PyPI's default torch build is taken (CUDA on Linux x86_64; it runs on CPU too).
+    if [ -n "${CONTEXTSPAN_TORCH_INDEX:-}" ]; then
+        .venv/bin/pip install -q "torch==$TORCH_VERSION" --index-url "$CONTEXTSPAN_TORCH_INDEX"
+    else
+        .venv/bin/pip install -q "torch==$TORCH_VERSION"
+    fi
+    # moshi pins torch<2.10 although its model code runs on 2.13; its other needs are in pyproject.toml.
+    .venv/bin/pip install -q --no-deps "moshi==$MOSHI_VERSION"
+    if [ "$1" = test ]; then
+        .venv/bin/pip install -q -e ".[test]"
+    else
+        .venv/bin/pip install -q -e .
+    fi
+    echo "$want" > "$stamp"
+}
+
+setup_debian_test_packages() {
+    local missing=()
+    command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+    command -v sox >/dev/null || missing+=(sox)
+    command -v chromium >/dev/null || missing+=(chromium chromium-driver)
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "contextspan: installing Debian packages: ${missing[*]}" >&2
+        as_root apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
+export NO_TORCH_COMPILE="${NO_TORCH_COMPILE:-1}"
+
+case "${1:-}" in
+    serve)
+        shift
+        setup_python serve
+        exec .venv/bin/contextspan serve "$@"
+        ;;
+    test)
+        shift
+        setup_debian_test_packages
+        setup_python test
+        .venv/bin/ruff check .
+        exec .venv/bin/python -m pytest -m "" "$@"
+        ;;
+    *)
+        echo "usage: scripts/dev.sh serve [flags] | scripts/dev.sh test [pytest args]" >&2
+        exit 2
+        ;;
+esac

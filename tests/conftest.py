@@ -1,0 +1,3 @@
+import os
+
+os.environ.setdefault("NO_TORCH_COMPILE", "1")
