@@ -9,8 +9,6 @@ from frontend_model.engine import GREEDY, Engine, PrefillCost, device_sync, time
 from frontend_model.loading import LoadedModel
 from frontend_model.span_block import placeholder_rows
 
-FRAME_S = 0.080
-
 
 def calibration_sizes(max_frames: int) -> list[int]:
     sizes = [1]
@@ -47,8 +45,3 @@ def calibrate_prefill(model: LoadedModel, max_frames: int, repeats: int = 3) -> 
                 time_call(lambda b=block: (engine.inject(b), engine.step(user)), sync) for _ in range(repeats)
             )
     return PrefillCost(step_s=step, span_s=spans)
-
-
-def span_frame_cap(cost: PrefillCost, max_frames: int, budget_s: float = FRAME_S) -> int:
-    """Largest span whose prefill plus the next live step fit one frame."""
-    return cost.max_frames(budget_s, max_frames)

@@ -19,8 +19,10 @@ from moshi.models.lm import LMGen, scatter_with_mask_
 from frontend_model.block import Block
 from frontend_model.kv_ring import widen_kv_rings
 from frontend_model.loading import LoadedModel
+from frontend_model.span_block import SpanBuild, build_span, forbidden_ids
 
 DEFAULT_MAX_SPAN_FRAMES = 640
+FRAME_S = 0.080
 
 
 class EngineStateError(RuntimeError):
@@ -47,6 +49,38 @@ class SamplingConfig:
 GREEDY = SamplingConfig(use_sampling=False)
 
 
+@dataclass(frozen=True)
+class PrefillCost:
+    """Measured cost of one plain step and of a span prefill of n frames plus the next step."""
+
+    step_s: float
+    span_s: dict[int, float]
+
+    def predict(self, frames: int) -> float:
+        """Linear interpolation between calibrated sizes (extrapolated from the last two past the end)."""
+        if frames <= 0:
+            return self.step_s
+        sizes = sorted(self.span_s)
+        lo = max((s for s in sizes if s <= frames), default=sizes[0])
+        hi = min((s for s in sizes if s >= frames), default=sizes[-1])
+        if lo == hi:
+            if frames > sizes[-1] and len(sizes) > 1:
+                lo, hi = sizes[-2], sizes[-1]
+            else:
+                return self.span_s[lo]
+        slope = (self.span_s[hi] - self.span_s[lo]) / (hi - lo)
+        return self.span_s[lo] + slope * (frames - lo)
+
+    def max_frames(self, budget_s: float, ceiling: int) -> int:
+        """Largest n whose prefill and next step fit the budget (0 if even a one-frame span does not)."""
+        best = 0
+        for n in range(3, ceiling + 1):
+            if self.predict(n) > budget_s:
+                break
+            best = n
+        return best
+
+
 class Engine:
     """One conversation on one model: `start`, optional `prefill`, then `step` per frame and `inject` spans.
 
@@ -58,10 +92,15 @@ class Engine:
         model: LoadedModel,
         sampling: SamplingConfig = SamplingConfig(),
         max_span_frames: int = DEFAULT_MAX_SPAN_FRAMES,
+        cost: PrefillCost | None = None,
+        frame_budget_s: float = FRAME_S,
     ) -> None:
         self.model = model
         self.span = model.span
         self.max_span_frames = max_span_frames
+        self.cost = cost
+        self.frame_budget_s = frame_budget_s
+        self._forbidden = forbidden_ids(model.tokenizer, model.span)
         self.lm_gen = LMGen(
             model.lm,
             use_sampling=sampling.use_sampling,
@@ -111,6 +150,20 @@ class Engine:
     def offset(self) -> int:
         """Frames the model has consumed so far (steps plus injected frames)."""
         return int(self._state().offsets[0])
+
+    @property
+    def span_frame_cap(self) -> int:
+        """Most frames a span may have so that its prefill and the next step keep the frame slot."""
+        if self.cost is None:
+            return self.max_span_frames
+        return self.cost.max_frames(self.frame_budget_s, self.max_span_frames)
+
+    def prepare_span(self, text: str) -> SpanBuild:
+        """Backend text -> block within the frame cap (cut at a word boundary, reported in the result).
+
+        Pure CPU work on the caller's thread; only `inject` must run where the model steps.
+        """
+        return build_span(text, self.model.tokenizer, self.span, self.span_frame_cap, self._forbidden)
 
     # per frame -----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -228,38 +281,6 @@ class Engine:
             scatter_with_mask_(ring[:, :g], -1, gen_pos, tokens[:, :g, i : i + 1], mask)
         state.offsets = torch.where(state.exec_mask, offsets + n, offsets)
         state.offset_cpu += n
-
-
-@dataclass(frozen=True)
-class PrefillCost:
-    """Measured cost of one plain step and of a span prefill of n frames plus the next step."""
-
-    step_s: float
-    span_s: dict[int, float]
-
-    def predict(self, frames: int) -> float:
-        """Linear interpolation between calibrated sizes (extrapolated from the last two past the end)."""
-        if frames <= 0:
-            return self.step_s
-        sizes = sorted(self.span_s)
-        lo = max((s for s in sizes if s <= frames), default=sizes[0])
-        hi = min((s for s in sizes if s >= frames), default=sizes[-1])
-        if lo == hi:
-            if frames > sizes[-1] and len(sizes) > 1:
-                lo, hi = sizes[-2], sizes[-1]
-            else:
-                return self.span_s[lo]
-        slope = (self.span_s[hi] - self.span_s[lo]) / (hi - lo)
-        return self.span_s[lo] + slope * (frames - lo)
-
-    def max_frames(self, budget_s: float, ceiling: int) -> int:
-        """Largest n whose prefill and next step fit the budget (0 if even a one-frame span does not)."""
-        best = 0
-        for n in range(3, ceiling + 1):
-            if self.predict(n) > budget_s:
-                break
-            best = n
-        return best
 
 
 def time_call(fn: Callable[[], object], sync: Callable[[], None]) -> float:

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from frontend_model.calibration import calibrate_prefill, calibration_sizes
+from frontend_model.engine import GREEDY, Engine, PrefillCost
+from frontend_model.loading import LoadedModel, load_model
+from frontend_model.profiles import moshi_7b_lm_config
+
+
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    return load_model("tiny", device="cpu", dtype=torch.float32, context=64)
+
+
+def test_prediction_interpolates_and_extrapolates() -> None:
+    cost = PrefillCost(step_s=0.010, span_s={1: 0.011, 16: 0.016, 64: 0.040})
+    assert cost.predict(0) == 0.010
+    assert cost.predict(16) == pytest.approx(0.016)
+    assert cost.predict(40) == pytest.approx(0.028)
+    assert cost.predict(128) == pytest.approx(0.072)
+    assert cost.max_frames(0.028, 600) == 40
+    assert cost.max_frames(0.005, 600) == 0
+    assert cost.max_frames(1.0, 100) == 100
+
+
+def test_calibration_measures_every_size(model: LoadedModel) -> None:
+    cost = calibrate_prefill(model, max_frames=48, repeats=1)
+    assert sorted(cost.span_s) == calibration_sizes(48) == [1, 2, 4, 8, 16, 32, 48]
+    assert cost.step_s > 0 and all(v > 0 for v in cost.span_s.values())
+    with Engine(model, GREEDY, max_span_frames=48, cost=cost) as engine:  # the model is free again
+        assert 0 <= engine.span_frame_cap <= 48
+
+
+def test_engine_cuts_spans_to_what_fits_the_frame_and_reports_it(model: LoadedModel) -> None:
+    # A machine where each span frame costs 1 ms on top of a 10 ms step: 80 ms fits 70 frames.
+    cost = PrefillCost(step_s=0.010, span_s={1: 0.011, 100: 0.110})
+    text = "The museum opens every day except Tuesday from nine in the morning until six in the evening. " * 6
+    with Engine(model, GREEDY, max_span_frames=200, cost=cost) as engine:
+        assert engine.span_frame_cap == 70
+        built = engine.prepare_span(text)
+        assert built.truncated and built.dropped_text and built.block is not None
+        assert 60 < built.frames <= 70
+        engine.step(torch.tensor(model.span.sine_codes))
+        engine.inject(built.block)
+        assert engine.offset == 1 + built.frames
+    with Engine(model, GREEDY, max_span_frames=200) as engine:
+        assert engine.span_frame_cap == 200
+        assert not engine.prepare_span("The museum opens at nine.").truncated
+
+
+def test_moshi_7b_profile_has_the_real_architecture() -> None:
+    config = moshi_7b_lm_config()
+    assert (config["dim"], config["num_layers"], config["num_heads"]) == (4096, 32, 32)
+    assert (config["n_q"], config["dep_q"], config["context"], config["card"]) == (16, 8, 3000, 2048)
+    assert config["delays"] == [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
