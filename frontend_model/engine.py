@@ -95,6 +95,11 @@ class Engine:
         cost: PrefillCost | None = None,
         frame_budget_s: float = FRAME_S,
     ) -> None:
+        if model.span.dep_q != model.span.agent_codebooks:
+            raise NotImplementedError(
+                f"{model.profile}: the depformer predicts {model.span.dep_q} codebooks (PersonaPlex family); stepping "
+                "such checkpoints needs user rows provided inside the depformer, which this engine does not do yet"
+            )
         self.model = model
         self.span = model.span
         self.max_span_frames = max_span_frames
@@ -227,8 +232,6 @@ class Engine:
             raise ValueError(f"block must be [{rows}, n], got {tuple(block.tokens.shape)}")
         if not 0 < block.frames <= self.max_span_frames:
             raise ValueError(f"block has {block.frames} frames; this engine takes 1..{self.max_span_frames}")
-        if self.span.dep_q != self.span.agent_codebooks:
-            raise NotImplementedError("span injection for dep_q != agent codebooks is not supported yet")
 
     def _user_column(self, user_codes: torch.Tensor) -> torch.Tensor:
         codes = user_codes.to(self.model.device, torch.long).reshape(-1)
