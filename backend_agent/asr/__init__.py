@@ -1,0 +1,1 @@
+"""Streaming speech recognition: resampling, VAD segmentation and faster-whisper transcription."""

@@ -1,0 +1,135 @@
+"""Streaming ASR for one session: PCM in on the event loop, transcripts out, Whisper on a thread pool."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import numpy as np
+
+from backend_agent.asr.resample import resample_24k_to_16k
+from backend_agent.asr.segmenter import Cue, SegmenterConfig, SegmentEvent, UtteranceSegmenter
+from backend_agent.asr.transcriber import WhisperTranscriber
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    final: bool
+    start_s: float  # seconds of session audio
+    end_s: float
+    at: float  # time.monotonic() when it became known
+
+
+class StreamingASR:
+    """Feed 24 kHz frames with `feed` (never blocks); partial and final transcripts reach `on_transcript`.
+
+    The input queue is bounded: if transcription falls behind, the oldest audio is dropped and counted. A partial
+    is skipped when a transcription is already running; finals are always transcribed, in order.
+    """
+
+    def __init__(
+        self,
+        transcriber: WhisperTranscriber,
+        executor: Executor,
+        on_transcript: Callable[[Transcript], None],
+        on_error: Callable[[Exception], None] | None = None,
+        segmenter: SegmenterConfig | None = None,
+        queue_frames: int = 250,
+    ) -> None:
+        self._transcriber = transcriber
+        self._executor = executor
+        self._on_transcript = on_transcript
+        self._on_error = on_error
+        self._segmenter = UtteranceSegmenter(segmenter or SegmenterConfig())
+        self._queue: asyncio.Queue[np.ndarray] = asyncio.Queue(maxsize=queue_frames)
+        self._task: asyncio.Task[None] | None = None
+        self.dropped_frames = 0
+        self._finals = 0
+        self.latest_final: Transcript | None = None
+        self.latest_partial: Transcript | None = None
+        self.final_event = asyncio.Event()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="asr")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def feed(self, pcm24k: np.ndarray) -> None:
+        if self._queue.full():
+            self._queue.get_nowait()
+            self._queue.task_done()
+            self.dropped_frames += 1
+        self._queue.put_nowait(pcm24k)
+
+    @property
+    def in_speech(self) -> bool:
+        return self._segmenter.in_speech
+
+    async def transcribe_recent(self, seconds: float) -> str:
+        """Transcribe the last `seconds` heard, for a question whose utterance has not ended."""
+        audio = self._segmenter.recent_audio(seconds)
+        if len(audio) == 0:
+            return ""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._transcriber.transcribe, audio)
+
+    async def drain(self) -> None:
+        """Wait until every queued frame has gone through the segmenter (tests and offline inference)."""
+        await self._queue.join()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        busy: asyncio.Future[str] | None = None
+        while True:
+            pcm = await self._queue.get()
+            try:
+                for event in self._segmenter.feed(resample_24k_to_16k(pcm)):
+                    if event.cue is Cue.PARTIAL and busy is not None and not busy.done():
+                        continue
+                    busy = loop.run_in_executor(self._executor, self._transcriber.transcribe, event.audio)
+                    if event.cue is Cue.FINAL:
+                        text = await busy
+                        self._emit(Transcript(text, True, event.start_s, event.end_s, time.monotonic()))
+                    else:
+                        busy.add_done_callback(lambda f, e=event, n=self._finals: self._deliver_partial(e, n, f))
+            except Exception as exc:  # a failing ASR must not end the session: report and keep listening
+                logger.exception("ASR failed")
+                if self._on_error is not None:
+                    self._on_error(exc)
+            finally:
+                self._queue.task_done()
+
+    def _deliver_partial(self, event: SegmentEvent, finals_before: int, future: asyncio.Future[str]) -> None:
+        """Deliver unless the utterance's final has been emitted meanwhile (a late partial would confuse)."""
+        if future.cancelled():
+            return
+        if future.exception() is not None:
+            if self._on_error is not None:
+                self._on_error(future.exception())  # type: ignore[arg-type]
+            return
+        if self._finals == finals_before:
+            self._emit(Transcript(future.result(), False, event.start_s, event.end_s, time.monotonic()))
+
+    def _emit(self, transcript: Transcript) -> None:
+        if not transcript.text:
+            self._finals += transcript.final
+            return
+        if transcript.final:
+            self._finals += 1
+            self.latest_final = transcript
+            self.final_event.set()
+        else:
+            self.latest_partial = transcript
+        self._on_transcript(transcript)
