@@ -1,0 +1,91 @@
+"""The `<ret>` -> answer loop with real speech, the real Whisper model and the built-in router."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from backend_agent.agent import Agent
+from backend_agent.asr.streaming import StreamingASR
+from backend_agent.asr.transcriber import WhisperTranscriber
+from backend_agent.context_store import ContextStore
+from backend_agent.tools import build_catalogue
+from server import protocol as p
+from server.retrieval import Retrieval, RetrievalConfig, SpanAnswer, is_question
+from tests.speech import silence, speak
+
+
+def test_question_detection() -> None:
+    assert is_question("What time is it in Tokyo?")
+    assert is_question("how far is the moon")
+    assert not is_question("I like trains.")
+
+
+async def _run(pcm: np.ndarray, trigger_after_s: float, config: RetrievalConfig,
+               transcriber: WhisperTranscriber) -> tuple[list[SpanAnswer], list[Any], ContextStore]:
+    answers: list[SpanAnswer] = []
+    events: list[Any] = []
+    store = ContextStore(":memory:")
+    with ThreadPoolExecutor(1) as pool:
+        retrieval: Retrieval
+
+        def on_transcript(t: Any) -> None:
+            retrieval.on_transcript(t)
+
+        asr = StreamingASR(transcriber, pool, on_transcript, queue_frames=len(pcm) // 1920 + 1)
+        retrieval = Retrieval("s1", "u1", Agent(build_catalogue()), store, asr, answers.append, events.append,
+                              lambda: 0.0, config)
+        asr.start()
+        frames = [pcm[i : i + 1920] for i in range(0, len(pcm) - 1919, 1920)]
+        for i, frame in enumerate(frames):
+            retrieval.feed(frame)
+            if i == int(trigger_after_s / 0.08) and config.trigger == "ret":
+                await asr.drain()
+                assert retrieval.trigger()
+                assert not retrieval.trigger(), "one retrieval in flight per session"
+            await asyncio.sleep(0.01)
+        await asr.drain()
+        for _ in range(300):
+            if answers or any(isinstance(e, p.SpanDropped) and e.reason != "a retrieval is already in flight"
+                              for e in events):
+                break
+            await asyncio.sleep(0.01)
+        await retrieval.close()
+    return answers, events, store
+
+
+@pytest.fixture(scope="module")
+def transcriber() -> WhisperTranscriber:
+    return WhisperTranscriber()
+
+
+@pytest.mark.slow
+def test_ret_after_a_spoken_question_yields_the_answer(transcriber: WhisperTranscriber, tmp_path: Path) -> None:
+    pcm = np.concatenate([silence(0.3), speak("What is twelve times seven?", tmp_path / "q.wav"), silence(1.0)])
+    answers, events, store = asyncio.run(_run(pcm, len(pcm) / 24000 - 0.1, RetrievalConfig(), transcriber))
+    assert len(answers) == 1, events
+    assert "84" in answers[0].text and answers[0].tool == "arithmetic"
+    assert "twelve times seven" in answers[0].question.lower() or "12" in answers[0].question
+    assert {type(e).__name__ for e in events} >= {"UserTranscript", "Question", "SpanDropped"}
+    assert [t.role for t in store.turns("s1")] == ["user", "tool"]
+
+
+@pytest.mark.slow
+def test_asr_trigger_mode_starts_retrieval_on_a_question(transcriber: WhisperTranscriber, tmp_path: Path) -> None:
+    pcm = np.concatenate([silence(0.3), speak("How many kilometres are in ten miles?", tmp_path / "q.wav"),
+                          silence(1.0)])
+    answers, _, _ = asyncio.run(_run(pcm, 0, RetrievalConfig(trigger="asr"), transcriber))
+    assert len(answers) == 1 and answers[0].tool == "unit_conversion" and "16" in answers[0].text
+
+
+@pytest.mark.slow
+def test_no_speech_gives_a_dropped_span(transcriber: WhisperTranscriber) -> None:
+    answers, events, _ = asyncio.run(_run(silence(2.0), 1.0, RetrievalConfig(), transcriber))
+    assert answers == []
+    dropped = [e for e in events if isinstance(e, p.SpanDropped) and "in flight" not in e.reason]
+    assert dropped and dropped[0].reason in ("no question heard", "no built-in tool answers this (no LLM configured)")
