@@ -29,7 +29,10 @@ setup_python() {
     # moshi pins torch<2.10 although its model code runs on 2.13; its other needs are in pyproject.toml.
     .venv/bin/pip install -q --no-deps "moshi==$MOSHI_VERSION"
     if [ "$1" = test ]; then
-        .venv/bin/pip install -q -e ".[test]"
+        # llama-cpp-python compiles (~8 min, once: pip caches the wheel). A portable build: a native one uses AMX
+        # where the CPU has it, which crashes under hypervisors that do not enable it.
+        CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF}" \
+            .venv/bin/pip install -q -e ".[test]"
     else
         .venv/bin/pip install -q -e .
     fi
