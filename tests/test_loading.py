@@ -43,7 +43,7 @@ def test_unreachable_hub_names_the_repo(monkeypatch: pytest.MonkeyPatch, tmp_pat
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(ModelLoadError, match="could not fetch 'kyutai/moshiko-pytorch-bf16'.*--local-dir"):
+    with pytest.raises(ModelLoadError, match=r"could not fetch 'kyutai/moshiko-pytorch-bf16'.*--local-dir"):
         load_model("moshi", "kyutai/moshiko-pytorch-bf16", device="cpu")
 
 

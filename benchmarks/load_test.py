@@ -1,0 +1,172 @@
+"""`contextspan bench load`: N real-time streaming clients against a real server on loopback.
+
+Starts `contextspan serve` in a subprocess (or uses `--url`), streams speech from N clients at once for S
+seconds, and reports the server's per-frame latency (last input sample of a frame -> its output queued) P50 /
+P99 / max from the sessions' stats events, deadline misses, dropped audio, and the server's CPU and RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import psutil
+
+from server.client import StreamResult, chat_url, load_wav, stream
+from server.protocol import FRAME_SAMPLES, SAMPLE_RATE
+
+SPEECH = "Hello, this is a load test of the real time voice agent server. What is the weather like in Paris today?"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="contextspan bench load", description=__doc__)
+    parser.add_argument("--sessions", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--profile", default="tiny")
+    parser.add_argument("--wav", type=Path, help="speech to stream (looped); default: espeak-ng, else a tone")
+    parser.add_argument("--url", help="an already running server (http://host:port); CPU/RSS then not measured")
+    parser.add_argument("--json", type=Path, help="write the report here")
+    return parser.parse_args(argv)
+
+
+def speech_pcm(wav: Path | None, seconds: float, workdir: Path) -> np.ndarray:
+    if wav is None and shutil.which("espeak-ng"):
+        wav = workdir / "speech.wav"
+        subprocess.run(["espeak-ng", "-w", str(wav), SPEECH], check=True)
+    if wav is not None:
+        pcm = load_wav(str(wav))
+    else:
+        t = np.arange(SAMPLE_RATE * 3) / SAMPLE_RATE
+        pcm = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    frames = int(seconds * SAMPLE_RATE / FRAME_SAMPLES)
+    return np.resize(pcm, frames * FRAME_SAMPLES).astype(np.float32)
+
+
+def start_server(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--profile", args.profile,
+           "--max-sessions", str(args.sessions), "--recordings-dir", str(workdir / "recordings"),
+           "--log-level", "warning"]
+    log = (workdir / "server.log").open("wb")
+    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, NO_TORCH_COMPILE="1"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"server exited: {(workdir / 'server.log').read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    process.kill()
+    raise SystemExit("server not ready within 300 s")
+
+
+async def drive(url: str, sessions: int, pcm: np.ndarray, pid: int | None) -> tuple[list[StreamResult], dict]:
+    samples: dict[str, list[float]] = {"cpu_percent": [], "rss_mb": []}
+
+    async def sample() -> None:
+        if pid is None:
+            return
+        proc = psutil.Process(pid)
+        proc.cpu_percent(None)
+        while True:
+            await asyncio.sleep(1.0)
+            samples["cpu_percent"].append(proc.cpu_percent(None))
+            samples["rss_mb"].append(proc.memory_info().rss / 2**20)
+
+    sampler = asyncio.create_task(sample())
+    ws = url.replace("http", "ws", 1)
+    try:
+        results = await asyncio.gather(*[stream(chat_url(ws, events=True), pcm) for _ in range(sessions)])
+    finally:
+        sampler.cancel()
+    return list(results), samples
+
+
+def mean_step_compute_ms(metrics: str) -> float | None:
+    total = re.search(r"^contextspan_step_latency_seconds_sum (\S+)", metrics, re.M)
+    count = re.search(r"^contextspan_step_latency_seconds_count (\S+)", metrics, re.M)
+    if not (total and count) or float(count.group(1)) == 0:
+        return None
+    return round(1e3 * float(total.group(1)) / float(count.group(1)), 2)
+
+
+def report(args: argparse.Namespace, results: list[StreamResult], samples: dict, metrics: str) -> dict[str, Any]:
+    latencies = np.array([ms for r in results for s in r.of_type("stats") for ms in s.latency_ms])
+    stats = [s for r in results for s in r.of_type("stats")]
+    frames_sent = sum(r.frames_sent for r in results)
+    return {
+        "benchmark": "load",
+        "profile": args.profile,
+        "sessions": args.sessions,
+        "seconds": args.seconds,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "frames_sent": frames_sent,
+        "frames_measured": int(latencies.size),
+        "audio_messages_received": sum(r.audio_messages for r in results),
+        "latency_ms": {
+            "p50": round(float(np.percentile(latencies, 50)), 2) if latencies.size else None,
+            "p99": round(float(np.percentile(latencies, 99)), 2) if latencies.size else None,
+            "max": round(float(latencies.max()), 2) if latencies.size else None,
+        },
+        "mean_step_compute_ms": mean_step_compute_ms(metrics),
+        "deadline_ms": 80.0,
+        "deadline_misses": sum(s.deadline_misses for s in stats),
+        "audio_dropped": sum(r.of_type("stats")[-1].audio_dropped for r in results if r.of_type("stats")),
+        "input_dropped": sum(r.of_type("stats")[-1].input_dropped for r in results if r.of_type("stats")),
+        "server_cpu_percent": {
+            "mean": round(float(np.mean(samples["cpu_percent"])), 1) if samples["cpu_percent"] else None,
+            "max": round(float(np.max(samples["cpu_percent"])), 1) if samples["cpu_percent"] else None,
+        },
+        "server_rss_mb": {
+            "start": round(samples["rss_mb"][0], 1) if samples["rss_mb"] else None,
+            "max": round(max(samples["rss_mb"]), 1) if samples["rss_mb"] else None,
+        },
+    }
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="contextspan-load-") as tmp:
+        workdir = Path(tmp)
+        pcm = speech_pcm(args.wav, args.seconds, workdir)
+        process = None
+        url = args.url
+        if url is None:
+            process, url = start_server(args, workdir)
+        try:
+            results, samples = asyncio.run(drive(url, args.sessions, pcm, process.pid if process else None))
+            metrics = httpx.get(f"{url}/metrics", timeout=5).text
+        finally:
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=30)
+    result = report(args, results, samples, metrics)
+    lat = result["latency_ms"]
+    print(f"{args.sessions} sessions x {args.seconds:.0f} s ({args.profile}): frame latency p50 {lat['p50']} ms, "
+          f"p99 {lat['p99']} ms, max {lat['max']} ms; deadline misses {result['deadline_misses']} of "
+          f"{result['frames_measured']} frames; audio dropped {result['audio_dropped']}; server CPU mean "
+          f"{result['server_cpu_percent']['mean']} %, RSS max {result['server_rss_mb']['max']} MB")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0

@@ -1,0 +1,108 @@
+"""A small Python client of the /api/chat protocol, streaming PCM as Ogg Opus in real time.
+
+The e2e tests and `contextspan bench load` use it; it speaks exactly what a Moshi client speaks, plus the
+opt-in JSON events when asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import sphn
+import websockets
+
+from server import protocol as p
+from server.protocol import FRAME_SAMPLES, SAMPLE_RATE
+
+
+@dataclass
+class StreamResult:
+    handshake_s: float | None = None  # seconds from connect to the handshake
+    frames_sent: int = 0
+    audio_messages: int = 0
+    output_samples: int = 0
+    text_pieces: list[str] = field(default_factory=list)
+    events: list[Any] = field(default_factory=list)
+    close_code: int | None = None
+    close_reason: str = ""
+
+    @property
+    def output_seconds(self) -> float:
+        return self.output_samples / SAMPLE_RATE
+
+    def of_type(self, kind: str) -> list[Any]:
+        return [e for e in self.events if e.type == kind]
+
+
+def chat_url(base: str, events: bool = False, **query: str) -> str:
+    params = dict(query, **({"events": "1"} if events else {}))
+    suffix = "&".join(f"{k}={v}" for k, v in params.items())
+    return f"{base}/api/chat" + (f"?{suffix}" if suffix else "")
+
+
+async def stream(
+    url: str,
+    pcm: np.ndarray,
+    tail_s: float = 0.6,
+    pause_reading_s: tuple[float, float] | None = None,
+) -> StreamResult:
+    """Send `pcm` (24 kHz float32) one 80 ms Ogg Opus page at a time, paced by an absolute schedule, and
+    collect everything the server sends until `tail_s` after the last frame.
+
+    `pause_reading_s=(start, length)` stops reading for `length` seconds from `start`, as a stalled client.
+    """
+    result = StreamResult()
+    writer, reader = sphn.OpusStreamWriter(SAMPLE_RATE), sphn.OpusStreamReader(SAMPLE_RATE)
+    frames = len(pcm) // FRAME_SAMPLES
+    t0 = time.perf_counter()
+    async with websockets.connect(url, max_size=2**22, open_timeout=30) as ws:
+        first = await asyncio.wait_for(ws.recv(), timeout=120)
+        if first != p.handshake():
+            raise AssertionError(f"expected the handshake first, got {first[:20]!r}")
+        result.handshake_s = time.perf_counter() - t0
+
+        async def send() -> None:
+            start = time.perf_counter()
+            for i in range(frames):
+                await asyncio.sleep(max(0.0, start + i * FRAME_SAMPLES / SAMPLE_RATE - time.perf_counter()))
+                ogg = writer.append_pcm(pcm[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES].astype(np.float32))
+                await ws.send(p.audio_message(ogg))
+                result.frames_sent += 1
+
+        async def receive() -> None:
+            start = time.perf_counter()
+            paused = False
+            async for message in ws:
+                if pause_reading_s and not paused and time.perf_counter() - start >= pause_reading_s[0]:
+                    paused = True
+                    await asyncio.sleep(pause_reading_s[1])
+                if isinstance(message, str):
+                    result.events.append(p.decode_event(message))
+                    continue
+                kind, payload = p.decode_binary(message)
+                if kind == p.Kind.AUDIO:
+                    result.audio_messages += 1
+                    result.output_samples += int(np.asarray(reader.append_bytes(payload)).size)
+                elif kind == p.Kind.TEXT:
+                    result.text_pieces.append(payload.decode("utf-8"))
+
+        receiver = asyncio.create_task(receive())
+        try:
+            await send()
+            await asyncio.sleep(tail_s)
+        finally:
+            receiver.cancel()
+            await asyncio.gather(receiver, return_exceptions=True)
+    result.close_code = ws.close_code
+    result.close_reason = ws.close_reason or ""
+    return result
+
+
+def load_wav(path: str) -> np.ndarray:
+    """Any audio file -> 24 kHz mono float32."""
+    data, _ = sphn.read(path, sample_rate=SAMPLE_RATE)
+    return np.asarray(data, dtype=np.float32).mean(axis=0)

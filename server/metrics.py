@@ -1,0 +1,50 @@
+"""Prometheus metrics, on a registry per app so that tests can run several servers in one process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_MS_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.5, 1.0)
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.sessions_active = Gauge("contextspan_sessions_active", "Sessions streaming now", registry=r)
+        self.session_slots = Gauge("contextspan_session_slots", "Configured concurrent session slots", registry=r)
+        self.sessions = Counter(
+            "contextspan_sessions", "Session attempts by outcome", ["outcome"], registry=r
+        )
+        self.step_latency = Histogram(
+            "contextspan_step_latency_seconds", "Model compute per frame (encode, step, decode) on the worker",
+            buckets=_MS_BUCKETS, registry=r,
+        )
+        self.frame_latency = Histogram(
+            "contextspan_frame_latency_seconds", "From a frame's last input sample to its output being queued",
+            buckets=_MS_BUCKETS, registry=r,
+        )
+        self.deadline_misses = Counter(
+            "contextspan_deadline_misses", "Frames whose output was later than the frame deadline", registry=r
+        )
+        self.span_injections = Counter(
+            "contextspan_span_injections", "Span requests by result", ["result"], registry=r
+        )
+        self.span_latency = Histogram(
+            "contextspan_span_latency_seconds", "From a span request to the end of its injection",
+            buckets=(*_MS_BUCKETS, 2.5, 5.0), registry=r,
+        )
+        self.frames_dropped = Counter(
+            "contextspan_frames_dropped", "Frames dropped: oldest outgoing audio of slow clients, or input backlog",
+            ["reason"], registry=r,
+        )
+        self.protocol_errors = Counter(
+            "contextspan_protocol_errors", "Bad client messages by code", ["code"], registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,144 @@
+"""The model side of one session: codec + engine on a slot's model. Every method runs on the worker thread."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from frontend_model.block import Block
+from frontend_model.codec import FrameCodec
+from frontend_model.engine import Engine, PrefillCost
+from frontend_model.loading import FRAME_SAMPLES, LoadedModel
+from frontend_model.span_block import build_prefix
+from server.frame_clock import InputFrame
+
+
+class PersonaError(ValueError):
+    """The requested persona or voice cannot be prefilled; the message says why."""
+
+
+@dataclass(frozen=True)
+class SpanRequest:
+    text: str
+    source: str | None
+    requested: float  # time.perf_counter()
+
+
+@dataclass(frozen=True)
+class SpanOutcome:
+    request: SpanRequest
+    injected: bool
+    text: str
+    frames: int = 0
+    prefill_s: float = 0.0
+    truncated: bool = False
+    dropped_text: str = ""
+    reason: str | None = None
+    done: float = 0.0  # time.perf_counter() when injected or dropped
+
+
+@dataclass(frozen=True)
+class FrameOutput:
+    frame: InputFrame
+    agent_pcm: np.ndarray | None  # None while the model's delays fill (the first frame)
+    text_token: int | None
+    compute_s: float
+    span: SpanOutcome | None
+
+
+def load_voice_codes(path: Path, agent_codebooks: int) -> torch.Tensor:
+    """A voice prompt file -> [agent codebooks, m] codes (a bare tensor, or the `codes` entry of a dict)."""
+    if path.suffix == ".safetensors":
+        data: object = load_file(str(path))
+    else:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(data, dict):
+        data = data.get("codes")
+    if not isinstance(data, torch.Tensor) or data.dim() != 2 or data.shape[0] != agent_codebooks:
+        raise PersonaError(f"voice prompt {path.name} does not hold [{agent_codebooks}, frames] codes")
+    return data.to(torch.long)
+
+
+def build_persona_block(model: LoadedModel, persona: str, voice: str | None, max_frames: int) -> Block | None:
+    """The prefix prefilled before the handshake: tokenising, and reading the voice prompt file if any."""
+    voice_codes = None
+    if voice:
+        path = model.voice_prompts.get(voice)
+        if path is None:
+            known = ", ".join(sorted(model.voice_prompts)) or "none for this model"
+            raise PersonaError(f"unknown voice {voice!r} (known: {known})")
+        voice_codes = load_voice_codes(path, model.span.agent_codebooks)
+    block = build_prefix(persona, model.tokenizer, model.span, voice_codes)
+    if block is not None and block.frames > max_frames:
+        raise PersonaError(f"persona and voice take {block.frames} frames; at most {max_frames} fit")
+    return block
+
+
+class ModelSession:
+    """Owns the slot's model between `open` and `close`; `step` runs one frame, injecting a span first."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        span_deadline_s: float,
+        cost: PrefillCost | None = None,
+        frame_budget_s: float = 0.08,
+    ) -> None:
+        """`cost` (calibrated at startup) lets the engine cap a span so its prefill fits `frame_budget_s`."""
+        self.model = model
+        self.span_deadline_s = span_deadline_s
+        self.codec = FrameCodec(model.mimi)
+        self.engine = Engine(model, cost=cost, frame_budget_s=frame_budget_s)
+
+    def open(self, prefix: Block | None) -> float:
+        """Start the streams and prefill the persona; returns the prefill time in seconds."""
+        self.codec.open()
+        self.engine.start()
+        if prefix is None:
+            return 0.0
+        start = time.perf_counter()
+        self.engine.prefill(prefix)
+        return time.perf_counter() - start
+
+    def step(self, frame: InputFrame, span: SpanRequest | None) -> FrameOutput:
+        start = time.perf_counter()
+        outcome = self._inject(span) if span is not None else None
+        user_codes = self.codec.encode(frame.pcm)
+        result = self.engine.step(user_codes)
+        agent_pcm = self.codec.decode(result.agent_codes) if result.agent_codes is not None else None
+        return FrameOutput(frame, agent_pcm, result.text_token, time.perf_counter() - start, outcome)
+
+    def _inject(self, request: SpanRequest) -> SpanOutcome:
+        now = time.perf_counter()
+        if now - request.requested > self.span_deadline_s:
+            return SpanOutcome(request, False, request.text, reason="late", done=now)
+        if self.engine.steps == 0:
+            return SpanOutcome(request, False, request.text, reason="before the first frame", done=now)
+        built = self.engine.prepare_span(request.text)
+        if built.block is None:
+            return SpanOutcome(request, False, built.text, reason=built.reason, done=time.perf_counter())
+        start = time.perf_counter()
+        self.engine.inject(built.block)
+        done = time.perf_counter()
+        return SpanOutcome(request, True, built.text, built.frames, done - start, built.truncated,
+                           built.dropped_text, done=done)
+
+    def close(self) -> None:
+        self.engine.close()
+        self.codec.close()
+
+
+def warm_up(model: LoadedModel, frames: int = 4) -> None:
+    """First calls pay torch's lazy initialisation; pay it before a client's deadline depends on it."""
+    session = ModelSession(model, span_deadline_s=1.0)
+    session.open(None)
+    try:
+        for i in range(frames):
+            session.step(InputFrame(i, np.zeros(FRAME_SAMPLES, np.float32), time.perf_counter()), None)
+    finally:
+        session.close()

@@ -1,0 +1,234 @@
+"""The wire format, as pure functions: Moshi kind-byte binary messages and opt-in JSON events.
+
+Binary messages (both directions) start with one kind byte; this module encodes and decodes them and the JSON
+text messages, so that everything about the format can be tested without a socket.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import IntEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+PROTOCOL_VERSION = 1
+# The Moshi wire: 24 kHz mono audio, one model frame per 80 ms. Kept here so that clients need no torch.
+SAMPLE_RATE = 24000
+FRAME_SAMPLES = 1920
+
+
+class Kind(IntEnum):
+    HANDSHAKE = 0x00
+    AUDIO = 0x01
+    TEXT = 0x02
+
+
+class ProtocolError(ValueError):
+    """A client message the server cannot accept; `code` is the machine-readable reason sent back."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# binary -----------------------------------------------------------------------------------------------------
+
+
+def handshake() -> bytes:
+    return bytes([Kind.HANDSHAKE])
+
+
+def audio_message(ogg_bytes: bytes) -> bytes:
+    return bytes([Kind.AUDIO]) + ogg_bytes
+
+
+def text_message(piece: str) -> bytes:
+    return bytes([Kind.TEXT]) + piece.encode("utf-8")
+
+
+def decode_binary(message: bytes) -> tuple[Kind, bytes]:
+    """Split a binary message into its kind and payload; unknown kinds and empty messages are errors."""
+    if not message:
+        raise ProtocolError("empty_message", "binary message without a kind byte")
+    try:
+        kind = Kind(message[0])
+    except ValueError:
+        raise ProtocolError("unknown_kind", f"unknown message kind 0x{message[0]:02x}") from None
+    return kind, bytes(message[1:])
+
+
+# client -> server JSON ---------------------------------------------------------------------------------------
+
+
+class UserProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, max_length=200)
+    location: str | None = Field(None, max_length=200)
+    timezone: str | None = Field(None, max_length=64)
+
+
+class SessionUpdate(BaseModel):
+    """Persona and voice only take effect before the handshake (they are prefilled); profile and notes anytime."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["session.update"]
+    persona: str | None = Field(None, max_length=8000)
+    voice: str | None = Field(None, max_length=200)
+    profile: UserProfile | None = None
+    notes: str | None = Field(None, max_length=8000)
+
+
+ClientMessage = SessionUpdate
+_client_adapter: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
+
+
+def parse_client_text(text: str) -> ClientMessage:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError("invalid_json", f"text message is not JSON: {exc.msg} at {exc.pos}") from None
+    if not isinstance(data, dict) or "type" not in data:
+        raise ProtocolError("invalid_message", "a JSON message must be an object with a 'type'")
+    if data["type"] != "session.update":
+        raise ProtocolError("unknown_type", f"unknown message type {data['type']!r}")
+    try:
+        return _client_adapter.validate_python(data)
+    except ValidationError as exc:
+        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ProtocolError("invalid_message", f"invalid session.update: {detail}") from None
+
+
+# server -> client JSON ---------------------------------------------------------------------------------------
+
+
+class ServerEvent(BaseModel):
+    """Base of every server -> client JSON event."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    t: float = Field(description="seconds of stream time (frames received x 80 ms) when the event happened")
+
+
+class SessionReady(ServerEvent):
+    type: Literal["session.ready"] = "session.ready"
+    session_id: str
+    protocol: int = PROTOCOL_VERSION
+    profile: str
+    random_weights: bool
+    description: str
+    prefix_frames: int
+    prefill_ms: float
+    recording: dict[str, str] | None = None
+
+
+class SessionUpdated(ServerEvent):
+    type: Literal["session.updated"] = "session.updated"
+    profile: UserProfile | None = None
+    notes: str | None = None
+
+
+class AgentText(ServerEvent):
+    type: Literal["agent.text"] = "agent.text"
+    text: str
+    frame: int
+
+
+class UserTranscript(ServerEvent):
+    type: Literal["user.transcript"] = "user.transcript"
+    text: str
+    final: bool
+    start: float | None = None
+    end: float | None = None
+
+
+class Retrieval(ServerEvent):
+    """The model emitted `<ret>`: it wants facts it does not hold."""
+
+    type: Literal["retrieval"] = "retrieval"
+    frame: int
+
+
+class Question(ServerEvent):
+    type: Literal["question"] = "question"
+    text: str
+
+
+class SpanInjected(ServerEvent):
+    type: Literal["span.injected"] = "span.injected"
+    text: str
+    source: str | None = None
+    frames: int
+    prefill_ms: float
+    latency_ms: float = Field(description="from the span request to the end of its injection")
+    truncated: bool
+    dropped_text: str = ""
+
+
+class SpanDropped(ServerEvent):
+    type: Literal["span.dropped"] = "span.dropped"
+    text: str
+    source: str | None = None
+    reason: str
+    latency_ms: float
+
+
+class ErrorEvent(ServerEvent):
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+
+
+class Stats(ServerEvent):
+    """Once a second: what happened in the last second, and running totals."""
+
+    type: Literal["stats"] = "stats"
+    frames_in: int
+    frames_out: int
+    latency_ms: list[float] = Field(description="server latency of each frame of the last second, arrival to output")
+    deadline_misses: int
+    audio_dropped: int
+    input_dropped: int
+    send_queue: int
+
+
+Event = Annotated[
+    SessionReady | SessionUpdated | AgentText | UserTranscript | Retrieval | Question | SpanInjected
+    | SpanDropped | ErrorEvent | Stats,
+    Field(discriminator="type"),
+]
+_event_adapter: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def encode_event(event: ServerEvent) -> str:
+    return event.model_dump_json(exclude_none=True)
+
+
+def decode_event(text: str) -> Event:
+    """For clients and tests: one JSON text message back into its typed event."""
+    return _event_adapter.validate_json(text)
+
+
+def event_record(event: ServerEvent, wall_time: float) -> dict[str, Any]:
+    """One transcript line: the event plus the wall-clock time it was emitted."""
+    return {"wall": round(wall_time, 3), **event.model_dump(exclude_none=True)}
+
+
+# close codes -------------------------------------------------------------------------------------------------
+
+CLOSE_NORMAL = 1000
+CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_INTERNAL = 1011
+CLOSE_TRY_AGAIN = 1013
+
+
+def close_reason(code: str, message: str) -> str:
+    """A JSON close reason that fits the 123-byte limit of a WebSocket close frame."""
+    reason = json.dumps({"error": code, "message": message}, separators=(",", ":"))
+    while len(reason.encode()) > 123 and message:
+        message = message[:-8]
+        reason = json.dumps({"error": code, "message": message + "..."}, separators=(",", ":"))
+    return reason

@@ -1,0 +1,325 @@
+"""One WebSocket conversation: connect -> prefix prefill -> handshake -> stream -> close.
+
+The event loop owns I/O, Opus and session state; every model call goes to the worker. Four tasks run while
+streaming: the receiver (decode audio, cut frames), the frame loop (one worker step per frame, in order), the
+sender (drains the bounded outbound queue) and the once-a-second stats. Teardown closes the model on the
+worker, after any step in flight, and only then returns the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from starlette.websockets import WebSocket, WebSocketState
+
+from frontend_model.engine import PrefillCost
+from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, LoadedModel
+from server import protocol as p
+from server.frame_clock import FrameAssembler, InputFrame
+from server.metrics import Metrics
+from server.model_session import (
+    FrameOutput,
+    ModelSession,
+    SpanOutcome,
+    SpanRequest,
+    build_persona_block,
+)
+from server.opus import OpusDecoder, OpusEncoder
+from server.outbound import OutboundQueue, Outgoing
+from server.recording import SessionRecording
+from server.settings import ServerSettings
+from server.worker import ModelWorker, SlotPool
+
+logger = logging.getLogger(__name__)
+
+_SKIPPED_TEXT_IDS = frozenset(range(4))
+
+
+def new_session_id() -> str:
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
+
+
+@dataclass
+class SessionOptions:
+    """What the client chose at connect time (query parameters) and later (`session.update`)."""
+
+    events: bool = False
+    persona: str = ""
+    voice: str | None = None
+    profile: p.UserProfile | None = None
+    notes: str | None = None
+
+    @classmethod
+    def from_query(cls, query: dict[str, str], default_persona: str) -> SessionOptions:
+        events = query.get("events", "").lower() in ("1", "true", "json", "yes")
+        persona = query.get("persona", query.get("text_prompt", default_persona))
+        voice = query.get("voice", query.get("voice_prompt")) or None
+        return cls(events=events, persona=persona, voice=voice)
+
+
+@dataclass
+class _SecondStats:
+    frames_in: int = 0
+    frames_out: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    deadline_misses: int = 0
+
+
+class Session:
+    """One client's conversation on one slot's model, from the prefill to the release of the slot."""
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        settings: ServerSettings,
+        model: LoadedModel,
+        worker: ModelWorker,
+        metrics: Metrics,
+        options: SessionOptions,
+        cost: PrefillCost | None = None,
+        span_budget_s: float = 0.08,
+    ) -> None:
+        """`cost` and `span_budget_s` let the engine cap spans so an injection keeps the frame deadline."""
+        self.id = new_session_id()
+        self.ws = websocket
+        self.settings = settings
+        self.model = model
+        self.worker = worker
+        self.metrics = metrics
+        self.options = options
+        self.model_session = ModelSession(model, settings.span_deadline_s, cost, span_budget_s)
+        self.outbound = OutboundQueue(settings.send_queue_frames)
+        self.recording = SessionRecording(settings.recordings_dir, self.id) if settings.recordings else None
+        self.decoder = OpusDecoder()
+        self.encoder = OpusEncoder()
+        self.assembler = FrameAssembler()
+        self._frames: deque[InputFrame] = deque()
+        self._frame_ready = asyncio.Event()
+        self._span: SpanRequest | None = None
+        self._second = _SecondStats()
+        self._audio_messages_sent = 0
+        self.input_dropped = 0
+
+    # public API for the backend ----------------------------------------------------------------------------
+    def request_span(self, text: str, source: str | None = None) -> None:
+        """Inject `text` as a Context Span at the next frame boundary (a newer request replaces a pending one).
+
+        The block is built and injected on the worker just before the next step; a `span.injected` or
+        `span.dropped` event reports frames and prefill time.
+        """
+        if self._span is not None:
+            self._emit_span(SpanOutcome(self._span, False, self._span.text, reason="superseded",
+                                        done=time.perf_counter()))
+        self._span = SpanRequest(text, source, time.perf_counter())
+
+    def emit(self, event: p.ServerEvent) -> None:
+        """Record an event in the transcript and, if the client asked for events, send it."""
+        if self.recording is not None:
+            self.recording.transcript.write(p.event_record(event, time.time()))
+        if self.options.events:
+            self.outbound.put(Outgoing("text", p.encode_event(event)))
+
+    # lifecycle ---------------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Prefill, handshake, then stream until the client leaves; always ends with everything released."""
+        # Tokenising and reading a voice file: off the event loop, and off the worker that steps the others.
+        prefix = await asyncio.to_thread(build_persona_block, self.model, self.options.persona, self.options.voice,
+                                         self.model_session.engine.max_span_frames)
+        prefill_s = await self.worker.run(lambda: self.model_session.open(prefix))
+        await self.ws.send_bytes(p.handshake())
+        logger.info("session %s ready (prefix %d frames, prefill %.1f ms)", self.id,
+                    prefix.frames if prefix else 0, prefill_s * 1e3)
+        self.emit(p.SessionReady(
+            t=0.0, session_id=self.id, profile=self.model.profile, random_weights=self.model.random_weights,
+            description=self.model.description, prefix_frames=prefix.frames if prefix else 0,
+            prefill_ms=round(prefill_s * 1e3, 2),
+            recording={"wav": f"/api/recordings/{self.id}.wav", "transcript": f"/api/recordings/{self.id}.jsonl"}
+            if self.recording else None,
+        ))
+        tasks = [asyncio.create_task(self._send_loop()), asyncio.create_task(self._frame_loop()),
+                 asyncio.create_task(self._stats_loop())]
+        receiver = asyncio.create_task(self._receive_loop())
+        try:
+            done, _ = await asyncio.wait([receiver, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # re-raise what ended it, if anything did
+        finally:
+            for task in (receiver, *tasks):
+                task.cancel()
+            await asyncio.gather(receiver, *tasks, return_exceptions=True)
+
+    def release(self, pool: SlotPool) -> None:
+        """Close the model on the worker after any step in flight, then return the slot; never raises."""
+        if self._span is not None:
+            self._emit_span(SpanOutcome(self._span, False, self._span.text, reason="session closed",
+                                        done=time.perf_counter()))
+            self._span = None
+        self._emit_stats()  # the last partial second, for the transcript
+
+        def close_model() -> None:
+            try:
+                self.model_session.close()
+            finally:
+                pool.release(self.model)
+
+        self.worker.submit(close_model)
+        if self.recording is not None:
+            try:
+                self.recording.close()
+            except OSError:
+                logger.exception("session %s: could not finish the recording", self.id)
+
+    async def close(self, code: int, reason: str = "") -> None:
+        if self.ws.application_state == WebSocketState.CONNECTED:
+            with contextlib.suppress(Exception):
+                await self.ws.close(code, reason)
+
+    # receive -----------------------------------------------------------------------------------------------
+    async def _receive_loop(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            data = message.get("bytes")
+            try:
+                if data is not None:
+                    self._on_binary(data)
+                elif message.get("text") is not None:
+                    self._on_text(message["text"])
+            except p.ProtocolError as exc:
+                self._protocol_error(exc)
+
+    def _on_binary(self, data: bytes) -> None:
+        kind, payload = p.decode_binary(data)
+        if kind != p.Kind.AUDIO:
+            raise p.ProtocolError("unexpected_kind", f"clients may only send audio (0x01), got 0x{kind:02x}")
+        for frame in self.assembler.push(self.decoder.decode(payload)):
+            if len(self._frames) >= self.settings.input_backlog_frames:
+                self._frames.popleft()
+                self.input_dropped += 1
+                self.metrics.frames_dropped.labels("input_backlog").inc()
+            self._frames.append(frame)
+            self._second.frames_in += 1
+        self._frame_ready.set()
+
+    def _on_text(self, text: str) -> None:
+        self.options.events = True  # a client that sends text reads text: JSON events (and errors) from now on
+        update = p.parse_client_text(text)
+        if update.persona is not None or update.voice is not None:
+            raise p.ProtocolError(
+                "persona_locked", "persona and voice are prefilled before the handshake: pass them as the "
+                "`persona` and `voice` query parameters of /api/chat")
+        if update.profile is not None:
+            self.options.profile = update.profile
+        if update.notes is not None:
+            self.options.notes = update.notes
+        self.emit(p.SessionUpdated(t=self.assembler.stream_time, profile=self.options.profile,
+                                   notes=self.options.notes))
+
+    def _protocol_error(self, exc: p.ProtocolError) -> None:
+        """Report a bad message and go on: Moshi clients may send kinds this server does not use (Kyutai's
+        server ignores them too), so nothing short of a protocol-level fault closes the socket."""
+        self.metrics.protocol_errors.labels(exc.code).inc()
+        logger.info("session %s: %s (%s)", self.id, exc, exc.code)
+        self.emit(p.ErrorEvent(t=self.assembler.stream_time, code=exc.code, message=str(exc)))
+
+    # frames ------------------------------------------------------------------------------------------------
+    async def _frame_loop(self) -> None:
+        while True:
+            while not self._frames:
+                self._frame_ready.clear()
+                await self._frame_ready.wait()
+            frame = self._frames.popleft()
+            span, self._span = self._span, None
+            output = await self.worker.run(lambda f=frame, s=span: self.model_session.step(f, s))
+            self._on_output(output)
+
+    def _on_output(self, out: FrameOutput) -> None:
+        latency = time.perf_counter() - out.frame.arrived
+        self.metrics.step_latency.observe(out.compute_s)
+        self.metrics.frame_latency.observe(latency)
+        second = self._second
+        second.latencies_ms.append(round(latency * 1e3, 2))
+        if latency * 1e3 > self.settings.deadline_ms:
+            second.deadline_misses += 1
+            self.metrics.deadline_misses.inc()
+        t = (out.frame.index + 1) * FRAME_SAMPLES / SAMPLE_RATE
+        if out.span is not None:
+            self._emit_span(out.span)
+        if out.agent_pcm is not None:
+            ogg = self.encoder.encode(out.agent_pcm)
+            if ogg:
+                # The first page carries the Opus headers: never drop it.
+                kind = "audio" if self._audio_messages_sent else "binary"
+                if not self.outbound.put(Outgoing(kind, p.audio_message(ogg))):
+                    self.metrics.frames_dropped.labels("slow_client").inc()
+                self._audio_messages_sent += 1
+            second.frames_out += 1
+        if out.text_token is not None:
+            self._on_text_token(out.text_token, out.frame.index, t)
+        if self.recording is not None:
+            agent = out.agent_pcm if out.agent_pcm is not None else np.zeros(FRAME_SAMPLES, np.float32)
+            self.recording.wav.write(out.frame.pcm, agent)
+
+    def _on_text_token(self, token: int, frame: int, t: float) -> None:
+        span = self.model.span
+        if token == span.ret_id:
+            self.emit(p.Retrieval(t=t, frame=frame))
+            return
+        tokenizer = self.model.tokenizer
+        if token in _SKIPPED_TEXT_IDS or token in span.control_ids or tokenizer.is_byte(token):
+            return
+        piece = tokenizer.id_to_piece(token).replace("\u2581", " ")
+        if not piece:
+            return
+        self.outbound.put(Outgoing("binary", p.text_message(piece)))
+        self.emit(p.AgentText(t=t, text=piece, frame=frame))
+
+    def _emit_span(self, outcome: SpanOutcome) -> None:
+        latency_ms = round((outcome.done - outcome.request.requested) * 1e3, 2)
+        t = self.assembler.stream_time
+        if outcome.injected:
+            self.metrics.span_injections.labels("injected").inc()
+            self.metrics.span_latency.observe(latency_ms / 1e3)
+            self.emit(p.SpanInjected(
+                t=t, text=outcome.text, source=outcome.request.source, frames=outcome.frames,
+                prefill_ms=round(outcome.prefill_s * 1e3, 2), latency_ms=latency_ms,
+                truncated=outcome.truncated, dropped_text=outcome.dropped_text,
+            ))
+        else:
+            self.metrics.span_injections.labels("dropped").inc()
+            self.emit(p.SpanDropped(t=t, text=outcome.text, source=outcome.request.source,
+                                    reason=outcome.reason or "dropped", latency_ms=latency_ms))
+
+    # send and stats ----------------------------------------------------------------------------------------
+    async def _send_loop(self) -> None:
+        while True:
+            item = await self.outbound.get()
+            if item.kind == "text":
+                await self.ws.send_text(str(item.data))
+            else:
+                await self.ws.send_bytes(bytes(item.data))  # type: ignore[arg-type]
+
+    async def _stats_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self._emit_stats()
+            if self.recording is not None:
+                self.recording.tick()
+
+    def _emit_stats(self) -> None:
+        second, self._second = self._second, _SecondStats()
+        self.emit(p.Stats(
+            t=self.assembler.stream_time, frames_in=second.frames_in, frames_out=second.frames_out,
+            latency_ms=second.latencies_ms, deadline_misses=second.deadline_misses,
+            audio_dropped=self.outbound.audio_dropped, input_dropped=self.input_dropped,
+            send_queue=len(self.outbound),
+        ))
+

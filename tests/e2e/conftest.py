@@ -1,0 +1,34 @@
+"""Fixtures: a real server per module, real speech per session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from server.client import load_wav
+
+from .servers import RunningServer, espeak_wav, start_server, stop_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = start_server(tmp_path_factory.mktemp("server"), "--max-sessions", "2")
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture(scope="session")
+def speech_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return espeak_wav(
+        tmp_path_factory.mktemp("speech") / "speech.wav",
+        "Hello, this is a test of the real time voice agent server. What is the weather like in Paris today?",
+    )
+
+
+@pytest.fixture(scope="session")
+def speech(speech_path: Path) -> np.ndarray:
+    """About 5.7 s of espeak-ng speech at 24 kHz."""
+    return load_wav(str(speech_path))

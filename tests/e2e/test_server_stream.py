@@ -1,0 +1,179 @@
+"""End to end on loopback: a real uvicorn server (tiny profile) and a client streaming espeak-ng speech as Ogg
+Opus in real time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import wave
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import uvicorn
+
+from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, load_model
+from server.app import create_app
+from server.client import chat_url, stream
+from server.settings import ServerSettings
+
+from .servers import RunningServer, free_port
+
+pytestmark = pytest.mark.slow
+FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
+
+
+def wait_for_wav(path: Path, seconds: float, timeout: float = 10.0) -> float:
+    """The session's WAV duration once it has reached `seconds` or stopped growing."""
+    deadline = time.monotonic() + timeout
+    duration = -1.0
+    while time.monotonic() < deadline:
+        if path.exists():
+            with wave.open(str(path)) as w:
+                assert (w.getnchannels(), w.getframerate(), w.getsampwidth()) == (2, SAMPLE_RATE, 2)
+                duration = w.getnframes() / SAMPLE_RATE
+            if abs(duration - seconds) < 1e-6:
+                return duration
+        time.sleep(0.2)
+    return duration
+
+
+def test_stream_with_events(server: RunningServer, speech: np.ndarray) -> None:
+    result = asyncio.run(stream(chat_url(server.ws, events=True), speech))
+    frames = result.frames_sent
+    assert result.handshake_s is not None
+    assert frames == len(speech) // FRAME_SAMPLES
+    assert abs(result.audio_messages - frames) <= 1, (result.audio_messages, frames)
+    assert abs(result.output_seconds - frames * FRAME_S) <= FRAME_S + 1e-9, result.output_seconds
+    assert result.text_pieces, "no agent text pieces arrived"
+
+    ready = result.of_type("session.ready")
+    assert len(ready) == 1 and ready[0].random_weights and ready[0].profile == "tiny"
+    assert result.of_type("agent.text")
+    stats = result.of_type("stats")
+    assert stats and sum(s.frames_in for s in stats) >= frames - 13
+    assert all(s.audio_dropped == 0 for s in stats)
+
+    session_id = ready[0].session_id
+    wav_s = wait_for_wav(server.recordings / f"{session_id}.wav", frames * FRAME_S)
+    assert abs(wav_s - frames * FRAME_S) < 1e-6, wav_s
+    lines = (server.recordings / f"{session_id}.jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
+    assert events[0]["type"] == "session.ready"
+    assert {"agent.text", "stats"} <= {e["type"] for e in events}
+
+
+def test_binary_only_moshi_flow(server: RunningServer, speech: np.ndarray) -> None:
+    """What an unmodified Moshi client does: no query, binary messages only."""
+    pcm = speech[: 3 * SAMPLE_RATE]
+    result = asyncio.run(stream(chat_url(server.ws), pcm))
+    frames = len(pcm) // FRAME_SAMPLES
+    assert result.events == []
+    assert abs(result.audio_messages - frames) <= 1
+    assert abs(result.output_seconds - frames * FRAME_S) <= FRAME_S + 1e-9
+    assert result.text_pieces
+
+
+@pytest.fixture(scope="module")
+def inproc_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, object, asyncio.AbstractEventLoop]]:
+    """A uvicorn server in a thread of this process, so a test can reach its sessions directly."""
+    import torch
+
+    threads = torch.get_num_threads()  # the server sets its own; later tests in this process get theirs back
+    settings = ServerSettings(port=free_port(), recordings_dir=tmp_path_factory.mktemp("rec"), max_sessions=1)
+    app = create_app(settings, model=load_model("tiny"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning",
+                                           ws="websockets-sansio"))
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        loops.append(loop)
+        loop.run_until_complete(server.serve())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not app.state.server.ready() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert app.state.server.ready()
+    yield f"ws://127.0.0.1:{settings.port}", app.state.server, loops[0]
+    server.should_exit = True
+    thread.join(timeout=10)
+    torch.set_num_threads(threads)
+
+
+def test_request_span_injects_at_next_frame(inproc_server: tuple[str, object, asyncio.AbstractEventLoop],
+                                            speech: np.ndarray) -> None:
+    url, state, loop = inproc_server
+
+    async def run() -> object:
+        client = asyncio.create_task(stream(chat_url(url, events=True), speech[: 3 * SAMPLE_RATE]))
+        while not state.sessions:  # type: ignore[attr-defined]
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)
+        session = next(iter(state.sessions.values()))  # type: ignore[attr-defined]
+        loop.call_soon_threadsafe(session.request_span, "The capital of France is Paris.", "kb")
+        await asyncio.sleep(0.3)
+        loop.call_soon_threadsafe(session.request_span, "")
+        return await client
+
+    result = asyncio.run(run())
+    injected = result.of_type("span.injected")  # type: ignore[attr-defined]
+    dropped = result.of_type("span.dropped")  # type: ignore[attr-defined]
+    assert len(injected) == 1, result.events  # type: ignore[attr-defined]
+    span = injected[0]
+    assert span.source == "kb" and "capital of France" in span.text and span.frames >= 3
+    assert 0 < span.prefill_ms < span.latency_ms < 1000
+    assert len(dropped) == 1 and dropped[0].reason == "empty text"
+
+
+def test_abrupt_disconnects_release_everything(inproc_server: tuple[str, object, asyncio.AbstractEventLoop],
+                                               speech: np.ndarray) -> None:
+    """Leaving right after connecting, and leaving with a span pending: the slot comes back each time."""
+    import websockets
+
+    url, state, loop = inproc_server
+    pool = state.pool  # type: ignore[attr-defined]
+    recordings = state.settings.recordings_dir  # type: ignore[attr-defined]
+
+    async def wait_until(condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 5
+        while not condition():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.02)
+
+    def slot_back() -> bool:
+        return pool.free == pool.size and not state.sessions  # type: ignore[attr-defined]
+
+    async def leave_at_once() -> None:
+        # Depending on timing the server sees the abort during accept (no session), or while prefilling or
+        # sending the handshake: either way the slot must come back.
+        ws = await websockets.connect(chat_url(url))
+        ws.transport.abort()
+        await asyncio.sleep(0.5)
+        await wait_until(slot_back, "slot not released after an abort")
+
+    async def leave_mid_span() -> str:
+        client = asyncio.create_task(stream(chat_url(url, events=True), speech[: 3 * SAMPLE_RATE]))
+        await wait_until(lambda: bool(state.sessions), "the session did not start")  # type: ignore[attr-defined]
+        await asyncio.sleep(0.5)
+        session = next(iter(state.sessions.values()))  # type: ignore[attr-defined]
+        loop.call_soon_threadsafe(session.request_span, "A fact that will never be read. " * 20)
+        client.cancel()
+        await asyncio.gather(client, return_exceptions=True)
+        await wait_until(slot_back, "slot not released after leaving mid-span")
+        return str(session.id)
+
+    async def run() -> str:
+        await leave_at_once()
+        return await leave_mid_span()
+
+    session_id = asyncio.run(run())
+    types = [json.loads(line)["type"] for line in (recordings / f"{session_id}.jsonl").read_text().splitlines()]
+    assert types[0] == "session.ready" and ("span.injected" in types or "span.dropped" in types)
+    after = asyncio.run(stream(chat_url(url), speech[:SAMPLE_RATE]))
+    assert after.audio_messages >= 11

@@ -1,0 +1,64 @@
+"""The worker-side session: one step per frame, a span injected at the next frame boundary, or dropped."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
+from server.frame_clock import InputFrame
+from server.model_session import ModelSession, PersonaError, SpanRequest, build_persona_block
+
+
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    return load_model("tiny")
+
+
+def frame(i: int) -> InputFrame:
+    t = np.arange(FRAME_SAMPLES) / 24000
+    return InputFrame(i, (0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), time.perf_counter())
+
+
+def test_steps_inject_and_drop(model: LoadedModel) -> None:
+    session = ModelSession(model, span_deadline_s=2.5)
+    session.open(None)
+    try:
+        first = session.step(frame(0), None)
+        assert first.agent_pcm is None  # delays still filling
+        second = session.step(frame(1), None)
+        assert second.agent_pcm is not None and second.agent_pcm.shape == (FRAME_SAMPLES,)
+
+        offset = session.engine.offset
+        out = session.step(frame(2), SpanRequest("The meeting is at noon.", "calendar", time.perf_counter()))
+        assert out.span is not None and out.span.injected and out.span.frames >= 3
+        assert session.engine.offset == offset + out.span.frames + 1
+
+        late = session.step(frame(3), SpanRequest("too late", None, time.perf_counter() - 10))
+        assert late.span is not None and not late.span.injected and late.span.reason == "late"
+        empty = session.step(frame(4), SpanRequest("   ", None, time.perf_counter()))
+        assert empty.span is not None and empty.span.reason == "empty text"
+    finally:
+        session.close()
+
+
+def test_persona_prefill_fills_the_delays(model: LoadedModel) -> None:
+    session = ModelSession(model, span_deadline_s=2.5)
+    prefix = build_persona_block(model, "You are a helpful assistant.", None, 640)
+    assert prefix is not None
+    assert session.open(prefix) > 0
+    try:
+        assert session.engine.offset == prefix.frames
+        assert session.step(frame(0), None).agent_pcm is not None
+    finally:
+        session.close()
+
+
+def test_persona_errors(model: LoadedModel) -> None:
+    with pytest.raises(PersonaError, match="unknown voice"):
+        build_persona_block(model, "hi", "nobody", 640)
+    with pytest.raises(PersonaError, match="at most 5 fit"):
+        build_persona_block(model, "a long persona that takes more than five frames", None, 5)
+    assert build_persona_block(model, "", None, 640) is None

@@ -1,0 +1,196 @@
+// The demo page: connects to /api/chat with JSON events on, streams the microphone, plays the agent back and
+// shows both sides' text and the retrieval / span events as they happen.
+
+import { Microphone, Speaker, webCodecsSupported } from "./audio.js";
+
+const $ = (id) => document.getElementById(id);
+const KIND = { handshake: 0, audio: 1, text: 2 };
+
+// Counters the page shows, also read by the headless browser test.
+const stats = (window.csStats = {
+  state: "idle", handshake: false, pagesSent: 0, audioMessages: 0, textPieces: 0, decodedS: 0, playedS: 0,
+  bufferedMs: 0, underruns: 0, serverP50Ms: null, deadlineMisses: 0, events: 0, error: null,
+});
+
+let session = null;
+
+function setState(state, cls = "") {
+  stats.state = state;
+  $("state").textContent = state;
+  $("state").className = `pill ${cls}`;
+}
+
+function showStats() {
+  const rows = {
+    "mic pages sent": stats.pagesSent, "agent audio msgs": stats.audioMessages,
+    "agent audio played": `${stats.playedS.toFixed(2)} s`, "jitter buffer": `${stats.bufferedMs.toFixed(0)} ms`,
+    underruns: stats.underruns, "server latency p50": stats.serverP50Ms === null ? "–" : `${stats.serverP50Ms} ms`,
+    "deadline misses": stats.deadlineMisses,
+  };
+  $("stats").replaceChildren(...Object.entries(rows).flatMap(([k, v]) => {
+    const dt = document.createElement("dt"); dt.textContent = k;
+    const dd = document.createElement("dd"); dd.textContent = v;
+    return [dt, dd];
+  }));
+}
+
+function addEvent(text, cls = "") {
+  const li = document.createElement("li");
+  li.textContent = text;
+  li.className = cls;
+  $("events").append(li);
+  li.scrollIntoView({ block: "nearest" });
+}
+
+function onEvent(event) {
+  stats.events++;
+  switch (event.type) {
+    case "session.ready":
+      if (event.recording) {
+        $("wav").href = event.recording.wav;
+        $("transcript").href = event.recording.transcript;
+        $("downloads").hidden = false;
+      }
+      if (event.random_weights) $("random-warning").hidden = false;
+      addEvent(`session ${event.session_id} ready: ${event.prefix_frames} persona frames prefilled in `
+        + `${event.prefill_ms} ms`);
+      break;
+    case "session.updated":
+      addEvent(`profile sent: ${Object.values(event.profile ?? {}).join(", ") || "(empty)"}`);
+      break;
+    case "user.transcript": {
+      const user = $("user");
+      if (user.classList.contains("muted")) { user.textContent = ""; user.classList.remove("muted"); }
+      if (event.final) user.textContent += `${event.text}\n`;
+      break;
+    }
+    case "retrieval": addEvent(`⟨ret⟩ at ${event.t.toFixed(2)} s: the model asks for facts`); break;
+    case "question": addEvent(`question: “${event.text}”`); break;
+    case "span.injected":
+      addEvent(`span from ${event.source ?? "backend"}: “${event.text}” (${event.frames} frames, prefill `
+        + `${event.prefill_ms} ms, ${event.latency_ms} ms after the request${event.truncated ? ", cut" : ""})`,
+      "injected");
+      break;
+    case "span.dropped": addEvent(`span dropped (${event.reason}) after ${event.latency_ms} ms`, "dropped"); break;
+    case "error": addEvent(`error ${event.code}: ${event.message}`, "error"); break;
+    case "stats": {
+      const sorted = [...event.latency_ms].sort((a, b) => a - b);
+      if (sorted.length) stats.serverP50Ms = sorted[Math.floor(sorted.length / 2)].toFixed(1);
+      stats.deadlineMisses += event.deadline_misses;
+      break;
+    }
+    default: break;
+  }
+  showStats();
+}
+
+function chatUrl() {
+  const url = new URL("/api/chat", location.href);
+  url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+  url.searchParams.set("events", "1");
+  if ($("persona").value.trim()) url.searchParams.set("persona", $("persona").value.trim());
+  if ($("voice").value) url.searchParams.set("voice", $("voice").value);
+  return url;
+}
+
+function sessionUpdate() {
+  const profile = {};
+  for (const key of ["name", "location", "timezone"]) if ($(key).value.trim()) profile[key] = $(key).value.trim();
+  const update = { type: "session.update", profile };
+  if ($("notes").value.trim()) update.notes = $("notes").value.trim();
+  return JSON.stringify(update);
+}
+
+async function start() {
+  $("start").disabled = true;
+  $("stop").disabled = false;
+  $("agent").textContent = "";
+  $("events").replaceChildren();
+  setState("connecting");
+  const context = new AudioContext({ latencyHint: "interactive" });
+  await context.audioWorklet.addModule("worklets.js");
+  await context.resume();
+  const speaker = new Speaker(context, (s) => {
+    Object.assign(stats, s);
+    stats.decodedS = speaker.decoded;
+    showStats();
+  });
+  const ws = new WebSocket(chatUrl());
+  ws.binaryType = "arraybuffer";
+  const mic = new Microphone(context, (page) => {
+    if (ws.readyState !== WebSocket.OPEN) return;
+    const message = new Uint8Array(page.length + 1);
+    message[0] = KIND.audio;
+    message.set(page, 1);
+    ws.send(message);
+    stats.pagesSent++;
+  });
+  session = { ws, mic, speaker, context };
+  ws.onmessage = async (e) => {
+    if (typeof e.data === "string") { onEvent(JSON.parse(e.data)); return; }
+    const bytes = new Uint8Array(e.data);
+    const payload = bytes.subarray(1);
+    if (bytes[0] === KIND.handshake) {
+      stats.handshake = true;
+      setState("live", "live");
+      ws.send(sessionUpdate());
+      try { await mic.start(); } catch (err) { fail(`microphone: ${err.message}`); }
+    } else if (bytes[0] === KIND.audio) {
+      stats.audioMessages++;
+      speaker.push(payload);
+    } else if (bytes[0] === KIND.text) {
+      stats.textPieces++;
+      $("agent").textContent += new TextDecoder().decode(payload);
+      $("agent").scrollTop = $("agent").scrollHeight;
+    }
+  };
+  ws.onclose = (e) => {
+    if (e.code !== 1000 && e.code !== 1005) {
+      let reason = e.reason;
+      try { reason = JSON.parse(e.reason).message; } catch { /* plain reason */ }
+      fail(`closed ${e.code}${reason ? `: ${reason}` : ""}`);
+    } else if (stats.state !== "error") {
+      setState("stopped");
+    }
+    teardown();
+  };
+}
+
+function fail(message) {
+  stats.error = message;
+  setState("error", "error");
+  addEvent(message, "error");
+}
+
+function teardown() {
+  if (!session) return;
+  const { ws, mic, speaker, context } = session;
+  session = null;
+  mic.stop();
+  speaker.stop();
+  if (ws.readyState === WebSocket.OPEN) ws.close(1000);
+  context.close();
+  $("start").disabled = false;
+  $("stop").disabled = true;
+}
+
+async function init() {
+  showStats();
+  if (!webCodecsSupported()) {
+    $("support-warning").hidden = false;
+    $("start").disabled = true;
+  }
+  $("timezone").value = Intl.DateTimeFormat().resolvedOptions().timeZone;
+  $("start").onclick = () => start().catch((err) => { fail(err.message); teardown(); });
+  $("stop").onclick = () => { setState("stopped"); teardown(); };
+  try {
+    const info = await (await fetch("/api/info")).json();
+    $("model").textContent = info.loaded ? info.description : `model loading… ${info.load_error ?? ""}`;
+    $("random-warning").hidden = !info.random_weights;
+    for (const voice of info.voices) $("voice").append(new Option(voice, voice));
+  } catch (err) {
+    $("model").textContent = `server unreachable: ${err.message}`;
+  }
+}
+
+init();
