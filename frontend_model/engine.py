@@ -106,6 +106,8 @@ class Engine:
         self.cost = cost
         self.frame_budget_s = frame_budget_s
         self._forbidden = forbidden_ids(model.tokenizer, model.span)
+        suppressed = sorted(model.suppressed_text_ids)
+        self._suppressed = torch.tensor(suppressed, device=model.device) if suppressed else None
         self.lm_gen = LMGen(
             model.lm,
             use_sampling=sampling.use_sampling,
@@ -244,7 +246,12 @@ class Engine:
             text_token.copy_(self._forced_text)
 
     def _on_text_logits(self, logits: torch.Tensor) -> None:
-        self.last_text_logits = logits
+        """Keeps the model's own logits for inspection, then masks the ids this model must never sample."""
+        if self._suppressed is None:
+            self.last_text_logits = logits
+            return
+        self.last_text_logits = logits.clone()
+        logits[..., self._suppressed] = float("-inf")
 
     def _force(self, block: Block) -> None:
         self._check_block(block)

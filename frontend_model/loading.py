@@ -48,6 +48,8 @@ class LoadedModel:
     random_weights: bool
     description: str
     voice_prompts: dict[str, Path] = field(default_factory=dict)
+    # Random weights would sample `<ret>` and the span markers by chance; such a model must never do that.
+    suppressed_text_ids: frozenset[int] = frozenset()
 
     @property
     def device(self) -> torch.device:
@@ -103,7 +105,8 @@ def _load_random(profile: str, device: str, dtype: torch.dtype, context: int | N
         torch.random.set_rng_state(generator_state)
     span = _span_config(lm, mimi, DEFAULT_SPAN_IDS, computed_placeholders=True)
     description = f"{profile}: random weights (seed {seed}), the audio is noise"
-    return LoadedModel(profile, lm, mimi, tokenizer, span, random_weights=True, description=description)
+    return LoadedModel(profile, lm, mimi, tokenizer, span, random_weights=True, description=description,
+                       suppressed_text_ids=frozenset({span.ret_id, span.open_id, span.close_id}))
 
 
 def _randomise_codebooks(mimi: MimiModel) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import string
 import tempfile
 from pathlib import Path
 
@@ -43,7 +44,9 @@ VOCAB_SIZE = 1024
 
 
 def _corpus() -> str:
-    numbers = [num2words(i) for i in range(0, 1001)]
+    """Sentences, spelled-out numbers, and every printable ASCII character, so none needs a byte piece."""
+    alphabet = " ".join(string.ascii_letters + string.digits + string.punctuation)
+    numbers = [alphabet] + [num2words(i) for i in range(0, 1001)]
     years = [num2words(y, to="year") for y in range(1900, 2101)]
     ordinals = [num2words(i, to="ordinal") for i in range(1, 32)]
     return _SENTENCES + "\n".join(numbers + years + ordinals) + "\n"
@@ -73,6 +76,7 @@ def tiny_tokenizer_path(cache_dir: Path | None = None) -> Path:
             eos_id=2,
             pad_id=3,
             hard_vocab_limit=False,
+            character_coverage=1.0,
             num_threads=1,
             minloglevel=2,
         )

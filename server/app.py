@@ -18,6 +18,7 @@ from frontend_model.calibration import calibrate_prefill
 from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, PrefillCost
 from frontend_model.loading import LoadedModel, ModelLoadError, load_model
 from server import protocol as p
+from server.backend import Backend
 from server.metrics import Metrics
 from server.model_session import PersonaError, warm_up
 from server.recording import recording_path
@@ -46,6 +47,7 @@ class ServerState:
     worker: ModelWorker | None = None
     load_error: str | None = None
     cost: PrefillCost | None = None
+    backend: Backend | None = None
     sessions: dict[str, Session] = field(default_factory=dict)
 
     def ready(self) -> bool:
@@ -69,6 +71,7 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> None:
         pool = await asyncio.to_thread(SlotPool, model, slots)
         for slot in pool.models():
             await worker.run(lambda s=slot: warm_up(s))
+        state.backend = await asyncio.to_thread(Backend.create, settings)
     except ModelLoadError as exc:
         state.load_error = str(exc)
         logger.error("model not loaded: %s", exc)
@@ -99,6 +102,8 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
             loader.cancel()
             if state.worker is not None:
                 state.worker.shutdown()
+            if state.backend is not None:
+                await state.backend.aclose()
 
     app = FastAPI(title="contextspan", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
@@ -153,6 +158,10 @@ def _info(state: ServerState) -> dict[str, object]:
         "free_slots": state.pool.free if state.pool else 0,
         "sessions": len(state.sessions),
         "protocol": p.PROTOCOL_VERSION,
+        "asr": state.backend is not None and state.backend.transcriber is not None,
+        "asr_error": state.backend.asr_error if state.backend else None,
+        "llm": bool(state.backend and state.backend.llm),
+        "trigger": state.settings.trigger,
     }
 
 
@@ -178,7 +187,8 @@ async def serve_session(ws: WebSocket, state: ServerState) -> None:
     try:
         # Every session's step shares the one worker inside a frame: a span gets its share of the deadline.
         span_budget_s = settings.deadline_ms / 1e3 / state.pool.size
-        session = Session(ws, settings, model, state.worker, metrics, options, state.cost, span_budget_s)
+        session = Session(ws, settings, model, state.worker, metrics, options, state.cost, span_budget_s,
+                          state.backend, ws.query_params.get("user"))
         state.sessions[session.id] = session
         metrics.sessions.labels("accepted").inc()
         await session.run()

@@ -8,12 +8,14 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, Literal, get_args, get_origin
 
 from server.settings import ServerSettings
 
 
 def _flag_type(annotation: Any) -> Any:
+    if get_origin(annotation) is Literal:
+        return annotation
     args = [a for a in get_args(annotation) if a is not type(None)]
     return args[0] if args else annotation
 
@@ -27,6 +29,8 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         if kind is bool:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
                                 help=help_text)
+        elif get_origin(kind) is Literal:
+            parser.add_argument(flag, dest=name, choices=get_args(kind), default=None, help=help_text)
         else:
             parser.add_argument(flag, dest=name, type=Path if kind is Path else kind, default=None,
                                 help=help_text)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,10 @@ class PersonaError(ValueError):
 class SpanRequest:
     text: str
     source: str | None
-    requested: float  # time.perf_counter()
+    requested: float  # time.perf_counter() when retrieval started (the `<ret>`): the span deadline counts from it
+    question: str | None = None
+    tool: str | None = None
+    timings_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class SpanOutcome:
     dropped_text: str = ""
     reason: str | None = None
     done: float = 0.0  # time.perf_counter() when injected or dropped
+    offsets: tuple[int, int] = (0, 0)  # engine frames consumed before and after the injection
+    build_s: float = 0.0  # normalise + tokenise
 
 
 @dataclass(frozen=True)
@@ -120,13 +125,14 @@ class ModelSession:
         if self.engine.steps == 0:
             return SpanOutcome(request, False, request.text, reason="before the first frame", done=now)
         built = self.engine.prepare_span(request.text)
-        if built.block is None:
-            return SpanOutcome(request, False, built.text, reason=built.reason, done=time.perf_counter())
         start = time.perf_counter()
+        if built.block is None:
+            return SpanOutcome(request, False, built.text, reason=built.reason, done=start, build_s=start - now)
+        before = self.engine.offset
         self.engine.inject(built.block)
         done = time.perf_counter()
         return SpanOutcome(request, True, built.text, built.frames, done - start, built.truncated,
-                           built.dropped_text, done=done)
+                           built.dropped_text, done=done, offsets=(before, self.engine.offset), build_s=start - now)
 
     def close(self) -> None:
         self.engine.close()

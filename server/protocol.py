@@ -160,17 +160,24 @@ class SpanInjected(ServerEvent):
     type: Literal["span.injected"] = "span.injected"
     text: str
     source: str | None = None
+    tool: str | None = None
+    question: str | None = None
     frames: int
     prefill_ms: float
-    latency_ms: float = Field(description="from the span request to the end of its injection")
+    latency_ms: float = Field(description="end to end: from `<ret>` (or the span request) to the end of injection")
     truncated: bool
     dropped_text: str = ""
+    offset_before: int = Field(description="frames the model had consumed before the span")
+    offset_after: int = Field(description="frames consumed after it: offset_before + frames")
+    timings_ms: dict[str, float] = Field(default_factory=dict, description="question pick, ASR, LLM, tool, build")
 
 
 class SpanDropped(ServerEvent):
     type: Literal["span.dropped"] = "span.dropped"
     text: str
     source: str | None = None
+    tool: str | None = None
+    question: str | None = None
     reason: str
     latency_ms: float
 

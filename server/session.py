@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketState
 
+from backend_agent.context_store import Profile
 from frontend_model.engine import PrefillCost
 from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, LoadedModel
 from server import protocol as p
+from server.backend import Backend
 from server.frame_clock import FrameAssembler, InputFrame
 from server.metrics import Metrics
 from server.model_session import (
@@ -34,6 +36,7 @@ from server.model_session import (
 from server.opus import OpusDecoder, OpusEncoder
 from server.outbound import OutboundQueue, Outgoing
 from server.recording import SessionRecording
+from server.retrieval import Retrieval, SpanAnswer
 from server.settings import ServerSettings
 from server.worker import ModelWorker, SlotPool
 
@@ -85,6 +88,8 @@ class Session:
         options: SessionOptions,
         cost: PrefillCost | None = None,
         span_budget_s: float = 0.08,
+        backend: Backend | None = None,
+        user_id: str | None = None,
     ) -> None:
         """`cost` and `span_budget_s` let the engine cap spans so an injection keeps the frame deadline."""
         self.id = new_session_id()
@@ -95,6 +100,9 @@ class Session:
         self.metrics = metrics
         self.options = options
         self.model_session = ModelSession(model, settings.span_deadline_s, cost, span_budget_s)
+        self.backend = backend
+        self.user_id = user_id or self.id
+        self.retrieval: Retrieval | None = None
         self.outbound = OutboundQueue(settings.send_queue_frames)
         self.recording = SessionRecording(settings.recordings_dir, self.id) if settings.recordings else None
         self.decoder = OpusDecoder()
@@ -108,7 +116,9 @@ class Session:
         self.input_dropped = 0
 
     # public API for the backend ----------------------------------------------------------------------------
-    def request_span(self, text: str, source: str | None = None) -> None:
+    def request_span(self, text: str, source: str | None = None, requested: float | None = None,
+                     question: str | None = None, tool: str | None = None,
+                     timings_ms: dict[str, float] | None = None) -> None:
         """Inject `text` as a Context Span at the next frame boundary (a newer request replaces a pending one).
 
         The block is built and injected on the worker just before the next step; a `span.injected` or
@@ -117,7 +127,7 @@ class Session:
         if self._span is not None:
             self._emit_span(SpanOutcome(self._span, False, self._span.text, reason="superseded",
                                         done=time.perf_counter()))
-        self._span = SpanRequest(text, source, time.perf_counter())
+        self._span = SpanRequest(text, source, requested or time.perf_counter(), question, tool, timings_ms or {})
 
     def emit(self, event: p.ServerEvent) -> None:
         """Record an event in the transcript and, if the client asked for events, send it."""
@@ -143,6 +153,10 @@ class Session:
             recording={"wav": f"/api/recordings/{self.id}.wav", "transcript": f"/api/recordings/{self.id}.jsonl"}
             if self.recording else None,
         ))
+        if self.backend is not None:
+            self.retrieval = self.backend.retrieval_for(
+                self.id, self.user_id, self._on_answer, self.emit, lambda: self.assembler.stream_time,
+                self._on_backend_error)
         tasks = [asyncio.create_task(self._send_loop()), asyncio.create_task(self._frame_loop()),
                  asyncio.create_task(self._stats_loop())]
         receiver = asyncio.create_task(self._receive_loop())
@@ -154,6 +168,8 @@ class Session:
             for task in (receiver, *tasks):
                 task.cancel()
             await asyncio.gather(receiver, *tasks, return_exceptions=True)
+            if self.retrieval is not None:
+                await self.retrieval.close()
 
     def release(self, pool: SlotPool) -> None:
         """Close the model on the worker after any step in flight, then return the slot; never raises."""
@@ -207,6 +223,8 @@ class Session:
                 self.metrics.frames_dropped.labels("input_backlog").inc()
             self._frames.append(frame)
             self._second.frames_in += 1
+            if self.retrieval is not None:
+                self.retrieval.feed(frame.pcm)
         self._frame_ready.set()
 
     def _on_text(self, text: str) -> None:
@@ -220,6 +238,8 @@ class Session:
             self.options.profile = update.profile
         if update.notes is not None:
             self.options.notes = update.notes
+        if self.backend is not None:
+            self._store_profile(self.backend, update)
         self.emit(p.SessionUpdated(t=self.assembler.stream_time, profile=self.options.profile,
                                    notes=self.options.notes))
 
@@ -262,6 +282,8 @@ class Session:
                     self.metrics.frames_dropped.labels("slow_client").inc()
                 self._audio_messages_sent += 1
             second.frames_out += 1
+        if out.frame.index == self.settings.force_ret_frame:
+            self._retrieve(out.frame.index, t)
         if out.text_token is not None:
             self._on_text_token(out.text_token, out.frame.index, t)
         if self.recording is not None:
@@ -271,7 +293,7 @@ class Session:
     def _on_text_token(self, token: int, frame: int, t: float) -> None:
         span = self.model.span
         if token == span.ret_id:
-            self.emit(p.Retrieval(t=t, frame=frame))
+            self._retrieve(frame, t)
             return
         tokenizer = self.model.tokenizer
         if token in _SKIPPED_TEXT_IDS or token in span.control_ids or tokenizer.is_byte(token):
@@ -282,21 +304,55 @@ class Session:
         self.outbound.put(Outgoing("binary", p.text_message(piece)))
         self.emit(p.AgentText(t=t, text=piece, frame=frame))
 
+    # retrieval ---------------------------------------------------------------------------------------------
+    def _retrieve(self, frame: int, t: float) -> None:
+        self.emit(p.Retrieval(t=t, frame=frame))
+        if self.retrieval is None:
+            self.emit(p.SpanDropped(t=t, text="", reason="retrieval is off on this server", latency_ms=0.0))
+            return
+        self.retrieval.trigger()
+
+    def _on_answer(self, answer: SpanAnswer) -> None:
+        self.request_span(answer.text, answer.source, answer.triggered, answer.question, answer.tool,
+                          answer.timings_ms)
+
+    def _on_backend_error(self, exc: Exception) -> None:
+        self.emit(p.ErrorEvent(t=self.assembler.stream_time, code="asr_failed", message=f"{type(exc).__name__}: {exc}"))
+
+    def _store_profile(self, backend: Backend, update: p.SessionUpdate) -> None:
+        """Profile and notes go to the context store; the agent is rebuilt for the user's timezone."""
+        store = backend.store
+        if update.profile is not None:
+            known = store.get_profile(self.user_id)
+            changes = {k: v for k, v in update.profile.model_dump().items() if v is not None}
+            try:
+                store.save_profile(Profile.model_validate(known.model_dump() | changes))
+            except ValueError as exc:
+                raise p.ProtocolError("bad_profile", str(exc)) from exc
+        if update.notes:
+            store.add_note(self.user_id, update.notes)
+        if self.retrieval is not None:
+            self.retrieval.agent = backend.agent_for(store.get_profile(self.user_id))
+
     def _emit_span(self, outcome: SpanOutcome) -> None:
         latency_ms = round((outcome.done - outcome.request.requested) * 1e3, 2)
         t = self.assembler.stream_time
         if outcome.injected:
             self.metrics.span_injections.labels("injected").inc()
             self.metrics.span_latency.observe(latency_ms / 1e3)
+            request = outcome.request
+            timings = {**request.timings_ms, "build_ms": round(outcome.build_s * 1e3, 3)}
             self.emit(p.SpanInjected(
-                t=t, text=outcome.text, source=outcome.request.source, frames=outcome.frames,
-                prefill_ms=round(outcome.prefill_s * 1e3, 2), latency_ms=latency_ms,
+                t=t, text=outcome.text, source=request.source, tool=request.tool, question=request.question,
+                frames=outcome.frames, prefill_ms=round(outcome.prefill_s * 1e3, 2), latency_ms=latency_ms,
                 truncated=outcome.truncated, dropped_text=outcome.dropped_text,
+                offset_before=outcome.offsets[0], offset_after=outcome.offsets[1], timings_ms=timings,
             ))
         else:
             self.metrics.span_injections.labels("dropped").inc()
-            self.emit(p.SpanDropped(t=t, text=outcome.text, source=outcome.request.source,
-                                    reason=outcome.reason or "dropped", latency_ms=latency_ms))
+            self.emit(p.SpanDropped(t=t, text=outcome.text, source=outcome.request.source, tool=outcome.request.tool,
+                                    question=outcome.request.question, reason=outcome.reason or "dropped",
+                                    latency_ms=latency_ms))
 
     # send and stats ----------------------------------------------------------------------------------------
     async def _send_loop(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -38,6 +39,24 @@ class ServerSettings(BaseSettings):
     recordings: bool = Field(True, description="write a stereo WAV and a JSONL transcript per session")
     recordings_dir: Path = Path("recordings")
     web_client: bool = Field(True, description="serve the browser demo at /")
+    asr: bool = Field(True, description="transcribe the user (retrieval needs the question)")
+    asr_model: str | None = Field(None, description="faster-whisper model name or path; default: bundled tiny.en")
+    asr_device: str = Field("cpu", description="device for Whisper: cpu (int8) or cuda (float16)")
+    llm_base_url: str | None = Field(None, description="OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1; "
+                                     "unset: the built-in router answers time, date, arithmetic, units, knowledge")
+    llm_model: str = Field("default", description="model name sent to the LLM server")
+    llm_api_key: str | None = Field(None, description="bearer token for the LLM server")
+    llm_tool_choice: str = Field("auto", description="auto, required, none, or a tool name to force")
+    trigger: Literal["ret", "asr"] = Field(
+        "ret", description="retrieve on the model's <ret> token, or (experimental) on a final user question")
+    question_wait_s: float = Field(1.0, ge=0, description="how long <ret> waits for the user's final utterance")
+    recent_audio_s: float = Field(10.0, gt=0, description="audio transcribed when no utterance is final")
+    context_store: str = Field(":memory:", description="SQLite file for profiles and turns; a path keeps them")
+    knowledge_dir: Path | None = Field(None, description="folder of .txt/.md documents for the knowledge base tool")
+    weather_url: str | None = Field(None, description="weather API URL template with {place}; off when unset")
+    search_url: str | None = Field(None, description="SearXNG-style search API base URL; off when unset")
+    force_ret_frame: int | None = Field(
+        None, ge=0, description="test hook: act as if the model emitted <ret> at this frame of every session")
     log_level: str = "info"
 
     def resolved_profile(self, cuda_available: bool) -> tuple[str, str | None]:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -60,3 +62,21 @@ def test_model_is_free_again_after_close(model: LoadedModel) -> None:
         with Engine(model, GREEDY, max_span_frames=16) as engine:
             out = [engine.step(f) for f in user_frames(3, seed=1)]
         assert out[0].text_token is None and out[-1].text_token is not None
+
+
+def test_random_weights_never_sample_ret_or_span_markers(model: LoadedModel) -> None:
+    span = model.span
+    assert model.suppressed_text_ids == {span.ret_id, span.open_id, span.close_id}
+    loud = copy.deepcopy(model)
+    with torch.no_grad():
+        loud.lm.text_linear.weight[span.ret_id] = 50 * loud.lm.text_linear.weight[span.ret_id].sign()
+    tokens = []
+    with Engine(loud, max_span_frames=16) as engine:  # sampling, as served
+        for frame in user_frames(30, seed=3):
+            engine.step(frame)
+            assert engine.last_text_logits is not None
+            tokens.append(int(engine.last_text_logits[0, 0, 0].argmax()))
+            tokens.append(engine.lm_gen._streaming_state.cache[0, 0].tolist())
+    assert span.ret_id in tokens[0::2], "the model itself favours <ret>"
+    sampled = {t for column in tokens[1::2] for t in column}
+    assert not sampled & model.suppressed_text_ids

@@ -56,7 +56,7 @@ def test_bad_client_json(text: str, code: str) -> None:
 
 def test_events_round_trip_and_omit_nulls() -> None:
     event = p.SpanInjected(t=1.28, text="Paris", source=None, frames=4, prefill_ms=3.1, latency_ms=40.0,
-                           truncated=False)
+                           truncated=False, offset_before=10, offset_after=14)
     wire = p.encode_event(event)
     assert "source" not in json.loads(wire)
     assert p.decode_event(wire) == event

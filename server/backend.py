@@ -1,0 +1,107 @@
+"""What every session's retrieval shares: the Whisper model and its thread, the context store, the knowledge base,
+the LLM client. Built once at startup; a part that fails to start is reported and retrieval goes on without it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from backend_agent.agent import Agent
+from backend_agent.asr.streaming import StreamingASR
+from backend_agent.asr.transcriber import ASRLoadError, WhisperTranscriber
+from backend_agent.context_store import ContextStore, Profile
+from backend_agent.llm_client import ChatClient, LLMConfig
+from backend_agent.tools import build_catalogue
+from backend_agent.tools.knowledge_base import KnowledgeBase
+from server.retrieval import Retrieval, RetrievalConfig, SpanAnswer
+from server.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+
+def tool_choice(setting: str) -> str | dict[str, Any]:
+    """`auto`, `required` and `none` pass through; any other value forces that tool."""
+    if setting in ("auto", "required", "none"):
+        return setting
+    return {"type": "function", "function": {"name": setting}}
+
+
+@dataclass
+class Backend:
+    settings: ServerSettings
+    transcriber: WhisperTranscriber | None
+    store: ContextStore
+    knowledge: KnowledgeBase | None
+    llm: ChatClient | None
+    asr_executor: ThreadPoolExecutor
+    tool_executor: ThreadPoolExecutor
+    asr_error: str | None = None
+
+    @classmethod
+    def create(cls, settings: ServerSettings) -> Backend:
+        """Blocking (model load, folder indexing): call it off the event loop."""
+        transcriber, asr_error = None, None
+        if settings.asr:
+            try:
+                transcriber = WhisperTranscriber(settings.asr_model, settings.asr_device)
+            except ASRLoadError as exc:
+                asr_error = str(exc)
+                logger.error("speech recognition off: %s", exc)
+        knowledge = None
+        if settings.knowledge_dir is not None:
+            knowledge = KnowledgeBase(":memory:")
+            count = knowledge.index_folder(settings.knowledge_dir)
+            logger.info("knowledge base: %d documents from %s", count, settings.knowledge_dir)
+        llm = None
+        if settings.llm_base_url:
+            llm = ChatClient(LLMConfig(base_url=settings.llm_base_url, model=settings.llm_model,
+                                       api_key=settings.llm_api_key))
+        return cls(settings, transcriber, ContextStore(settings.context_store), knowledge, llm,
+                   ThreadPoolExecutor(1, thread_name_prefix="asr"), ThreadPoolExecutor(2, thread_name_prefix="tool"),
+                   asr_error)
+
+    def agent_for(self, profile: Profile) -> Agent:
+        tools = build_catalogue(
+            default_timezone=profile.timezone or "UTC", knowledge=self.knowledge, user_id=profile.user_id,
+            weather_url=self.settings.weather_url, search_url=self.settings.search_url,
+        )
+        return Agent(tools, self.llm, tool_choice(self.settings.llm_tool_choice), self.tool_executor)
+
+    def retrieval_for(
+        self,
+        session_id: str,
+        user_id: str,
+        on_answer: Callable[[SpanAnswer], None],
+        emit: Callable[[Any], None],
+        stream_time: Callable[[], float],
+        on_error: Callable[[Exception], None],
+    ) -> Retrieval:
+        """A started retrieval loop for one session (must run on the event loop)."""
+        retrieval: Retrieval | None = None
+
+        def on_transcript(transcript: Any) -> None:
+            if retrieval is not None:
+                retrieval.on_transcript(transcript)
+
+        asr = None
+        if self.transcriber is not None:
+            asr = StreamingASR(self.transcriber, self.asr_executor, on_transcript, on_error)
+            asr.start()
+        s = self.settings
+        config = RetrievalConfig(deadline_s=s.span_deadline_s, question_wait_s=s.question_wait_s,
+                                 recent_audio_s=s.recent_audio_s, trigger=s.trigger)
+        retrieval = Retrieval(session_id, user_id, self.agent_for(self.store.get_profile(user_id)), self.store, asr,
+                              on_answer, emit, stream_time, config)
+        return retrieval
+
+    async def aclose(self) -> None:
+        if self.llm is not None:
+            await self.llm.aclose()
+        self.asr_executor.shutdown(wait=False, cancel_futures=True)
+        self.tool_executor.shutdown(wait=False, cancel_futures=True)
+        self.store.close()
+        if self.knowledge is not None:
+            self.knowledge.close()

@@ -1,0 +1,93 @@
+"""`<ret>` -> span end to end on loopback: real server (tiny profile), real Opus stream of espeak-ng speech, real
+Whisper, the built-in router or a fake OpenAI-compatible LLM; the frame clock never waits for the backend."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from frontend_model.loading import FRAME_SAMPLES
+from server.client import StreamResult, chat_url, stream
+from tests.backend.fake_openai import Script, fake_openai
+from tests.speech import silence, speak
+
+from .servers import start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+
+def question_audio(tmp: Path, text: str) -> tuple[np.ndarray, int]:
+    """Speech then 3 s of silence; `<ret>` is forced 0.8 s after the speech ends."""
+    speech = np.concatenate([silence(0.3), speak(text, tmp / "q.wav")])
+    return np.concatenate([speech, silence(3.0)]), len(speech) // FRAME_SAMPLES + 10
+
+
+def run_session(tmp: Path, pcm: np.ndarray, ret_frame: int, *flags: str) -> StreamResult:
+    server = start_server(tmp, "--force-ret-frame", str(ret_frame), *flags)
+    try:
+        return asyncio.run(stream(chat_url(server.ws, events=True), pcm))
+    finally:
+        stop_server(server)
+
+
+def no_deadline_misses(result: StreamResult) -> None:
+    stats = result.of_type("stats")
+    assert stats and sum(s.deadline_misses for s in stats) == 0, [s.step_ms for s in stats]
+
+
+def test_span_from_the_router_lands_inside_the_deadline(tmp_path: Path) -> None:
+    pcm, ret_frame = question_audio(tmp_path, "What is twelve times seven?")
+    result = run_session(tmp_path, pcm, ret_frame)
+    assert [e.frame for e in result.of_type("retrieval")] == [ret_frame]
+    finals = [e for e in result.of_type("user.transcript") if e.final]
+    assert finals and "12 times 7" in finals[0].text
+    questions = result.of_type("question")
+    assert len(questions) == 1 and questions[0].text == finals[0].text
+    spans = result.of_type("span.injected")
+    assert len(spans) == 1, [e for e in result.events if e.type.startswith("span")]
+    span = spans[0]
+    assert span.tool == "arithmetic" and "eighty-four" in span.text and span.question == questions[0].text
+    assert span.offset_after - span.offset_before == span.frames > 2, "the KV cache advanced by the span's frames"
+    assert span.latency_ms <= 2500 and span.prefill_ms > 0
+    assert {"question_ms", "tool_ms", "build_ms"} <= set(span.timings_ms)
+    no_deadline_misses(result)
+
+
+@pytest.fixture
+def llm() -> Iterator[tuple[str, Script]]:
+    with fake_openai() as server:
+        yield server
+
+
+def test_span_from_an_llm_tool_call(tmp_path: Path, llm: tuple[str, Script]) -> None:
+    url, script = llm
+    script.mode, script.tool, script.arguments = "tool_call", "unit_conversion", {
+        "value": 10, "from_unit": "miles", "to_unit": "kilometres"}
+    pcm, ret_frame = question_audio(tmp_path, "How many kilometres are in ten miles?")
+    result = run_session(tmp_path, pcm, ret_frame, "--llm-base-url", url, "--llm-model", "fake")
+    spans = result.of_type("span.injected")
+    assert len(spans) == 1 and spans[0].tool == "unit_conversion" and "sixteen" in spans[0].text
+    assert "llm_ms" in spans[0].timings_ms
+    assert script.requests and "kilomet" in script.requests[-1]["messages"][-1]["content"].lower()
+    no_deadline_misses(result)
+
+
+@pytest.mark.parametrize(("mode", "reason"), [("hang", "timed out"), ("error500", "HTTP 500"),
+                                              ("garbage", "malformed")])
+def test_failing_llm_drops_the_span_and_keeps_every_frame(
+    tmp_path: Path, llm: tuple[str, Script], mode: str, reason: str
+) -> None:
+    url, script = llm
+    script.mode = mode
+    pcm, ret_frame = question_audio(tmp_path, "What is the weather like in Paris?")
+    result = run_session(tmp_path, pcm, ret_frame, "--llm-base-url", url)
+    assert not result.of_type("span.injected")
+    dropped = result.of_type("span.dropped")
+    assert len(dropped) == 1 and reason in dropped[0].reason
+    assert dropped[0].latency_ms <= 2600
+    assert abs(result.audio_messages - result.frames_sent) <= 1
+    no_deadline_misses(result)
