@@ -47,8 +47,9 @@ def tokenize_data_text(
     Unspellable characters go before tokenising so that none leaves a dangling word-start piece behind.
     """
     normalised = normalise_text(text)
-    kept = "".join(ch for ch in normalised if ch.isspace() or not forbidden.intersection(tokenizer.encode(ch)))
-    normalised = " ".join(kept.split())
+    unspellable = {ch for ch in set(normalised) if not ch.isspace() and forbidden.intersection(tokenizer.encode(ch))}
+    if unspellable:
+        normalised = " ".join("".join(ch for ch in normalised if ch not in unspellable).split())
     ids = [i for i in tokenizer.encode(normalised) if i not in forbidden]
     return normalised, ids
 

@@ -19,6 +19,7 @@ from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, PrefillCost
 from frontend_model.loading import LoadedModel, ModelLoadError, load_model
 from server import protocol as p
 from server.backend import Backend
+from server.json_logging import session_id_var
 from server.metrics import Metrics
 from server.model_session import PersonaError, warm_up
 from server.recording import recording_path
@@ -189,6 +190,7 @@ async def serve_session(ws: WebSocket, state: ServerState) -> None:
         span_budget_s = settings.deadline_ms / 1e3 / state.pool.size
         session = Session(ws, settings, model, state.worker, metrics, options, state.cost, span_budget_s,
                           state.backend, ws.query_params.get("user"))
+        session_id_var.set(session.id)
         state.sessions[session.id] = session
         metrics.sessions.labels("accepted").inc()
         await session.run()

@@ -3,11 +3,12 @@ the LLM client. Built once at startup; a part that fails to start is reported an
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend_agent.agent import Agent
 from backend_agent.asr.streaming import StreamingASR
@@ -18,6 +19,9 @@ from backend_agent.tools import build_catalogue
 from backend_agent.tools.knowledge_base import KnowledgeBase
 from server.retrieval import Retrieval, RetrievalConfig, SpanAnswer
 from server.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from backend_agent.tools.mcp_tools import MCPToolset
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +43,8 @@ class Backend:
     asr_executor: ThreadPoolExecutor
     tool_executor: ThreadPoolExecutor
     asr_error: str | None = None
+    mcp: MCPToolset | None = None
+    mcp_error: str | None = None
 
     @classmethod
     def create(cls, settings: ServerSettings) -> Backend:
@@ -59,14 +65,25 @@ class Backend:
         if settings.llm_base_url:
             llm = ChatClient(LLMConfig(base_url=settings.llm_base_url, model=settings.llm_model,
                                        api_key=settings.llm_api_key))
+        mcp, mcp_error = None, None
+        if settings.mcp_servers:
+            from backend_agent.tools.mcp_tools import MCPStartError, MCPToolset  # imports `mcp` only when used
+
+            try:
+                mcp = MCPToolset(settings.mcp_servers)
+                mcp.start()
+            except (MCPStartError, ValueError) as exc:
+                mcp, mcp_error = None, str(exc)
+                logger.error("MCP tools off: %s", exc)
         return cls(settings, transcriber, ContextStore(settings.context_store), knowledge, llm,
                    ThreadPoolExecutor(1, thread_name_prefix="asr"), ThreadPoolExecutor(2, thread_name_prefix="tool"),
-                   asr_error)
+                   asr_error, mcp, mcp_error)
 
     def agent_for(self, profile: Profile) -> Agent:
         tools = build_catalogue(
             default_timezone=profile.timezone or "UTC", knowledge=self.knowledge, user_id=profile.user_id,
             weather_url=self.settings.weather_url, search_url=self.settings.search_url,
+            extra_tools=self.mcp.tools if self.mcp is not None else (),
         )
         return Agent(tools, self.llm, tool_choice(self.settings.llm_tool_choice), self.tool_executor)
 
@@ -102,6 +119,8 @@ class Backend:
             await self.llm.aclose()
         self.asr_executor.shutdown(wait=False, cancel_futures=True)
         self.tool_executor.shutdown(wait=False, cancel_futures=True)
+        if self.mcp is not None:
+            await asyncio.to_thread(self.mcp.close)  # up to a few seconds for a server that ignores EOF
         self.store.close()
         if self.knowledge is not None:
             self.knowledge.close()

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
-import logging
+import json
 import os
 import sys
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+from server.json_logging import configure_logging
 from server.settings import ServerSettings
 
 
@@ -31,6 +33,10 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
                                 help=help_text)
         elif get_origin(kind) is Literal:
             parser.add_argument(flag, dest=name, choices=get_args(kind), default=None, help=help_text)
+        elif get_origin(info.annotation) is list:  # repeat the flag once per item
+            parser.add_argument(flag, dest=name, action="append", type=get_args(info.annotation)[0], default=None,
+                                help=f"{info.description or ''} (env CONTEXTSPAN_{name.upper()} as a JSON list; "
+                                "repeatable)")
         else:
             parser.add_argument(flag, dest=name, type=Path if kind is Path else kind, default=None,
                                 help=help_text)
@@ -41,14 +47,18 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(**given)
 
 
+BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
+              "retrieval": "benchmarks.retrieval_latency"}
+
+
 def serve(settings: ServerSettings) -> int:
     import uvicorn
 
     from server.app import create_app
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_json)
     config = uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None,
         ws_max_size=settings.max_message_bytes, ws="websockets-sansio", lifespan="on",
     )
     uvicorn.Server(config).run()
@@ -62,15 +72,35 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="run the real-time WebSocket server")
     add_settings_flags(serve_parser)
-    bench = commands.add_parser("bench", help="benchmarks: `load` (server load test), `span` (span latency)")
-    bench.add_argument("which", choices=["load", "span"])
-    if argv[:1] == ["bench"] and len(argv) > 1:
+    ask_parser = commands.add_parser("ask", help="print, as JSON, the span the agent would inject for a question")
+    ask_parser.add_argument("question")
+    ask_parser.add_argument("--timezone", default=None, help="the asking user's IANA timezone")
+    add_settings_flags(ask_parser)
+    infer_parser = commands.add_parser("infer", help="run a WAV through the engine and the agent at the frame clock")
+    infer_parser.add_argument("input", type=Path, help="audio file (any rate, mixed to 24 kHz mono)")
+    infer_parser.add_argument("--out", type=Path, required=True, help="stereo WAV: left user, right agent")
+    infer_parser.add_argument("--events", type=Path, default=None, help="JSON list of events with stream time")
+    infer_parser.add_argument("--ret-frames", default="", help="comma-separated frames at which to act as <ret>")
+    infer_parser.add_argument("--realtime", action="store_true", help="pace frames at 80 ms instead of flat out")
+    add_settings_flags(infer_parser)
+    bench = commands.add_parser("bench", help="benchmarks: `load`, `span`, `retrieval`")
+    bench.add_argument("which", choices=list(BENCHMARKS))
+    if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] in BENCHMARKS:
         # The benchmark modules own their flags.
-        module = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency"}.get(argv[1])
-        if module is not None:
-            return int(importlib.import_module(module).main(argv[2:]))
+        return int(importlib.import_module(BENCHMARKS[argv[1]]).main(argv[2:]))
     args = parser.parse_args(argv)
-    return serve(settings_from_args(args))
+    settings = settings_from_args(args)
+    if args.command == "ask":
+        from server.ask import ask
+
+        print(json.dumps(asyncio.run(ask(settings, args.question, args.timezone)), indent=2))
+        return 0
+    if args.command == "infer":
+        from server.offline import infer
+
+        ret_frames = {int(f) for f in args.ret_frames.split(",") if f.strip()}
+        return infer(settings, args.input, args.out, args.events, ret_frames, args.realtime)
+    return serve(settings)
 
 
 if __name__ == "__main__":

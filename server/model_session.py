@@ -15,6 +15,7 @@ from frontend_model.codec import FrameCodec
 from frontend_model.engine import Engine, PrefillCost
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel
 from frontend_model.span_block import build_prefix
+from server import protocol as p
 from server.frame_clock import InputFrame
 
 
@@ -148,3 +149,18 @@ def warm_up(model: LoadedModel, frames: int = 4) -> None:
             session.step(InputFrame(i, np.zeros(FRAME_SAMPLES, np.float32), time.perf_counter()), None)
     finally:
         session.close()
+
+
+def span_event(outcome: SpanOutcome, t: float) -> p.SpanInjected | p.SpanDropped:
+    """The event reporting a span's fate; latency counts from the request (the `<ret>`) to injection or drop."""
+    request = outcome.request
+    latency_ms = round((outcome.done - request.requested) * 1e3, 2)
+    if not outcome.injected:
+        return p.SpanDropped(t=t, text=outcome.text, source=request.source, tool=request.tool,
+                             question=request.question, reason=outcome.reason or "dropped", latency_ms=latency_ms)
+    return p.SpanInjected(
+        t=t, text=outcome.text, source=request.source, tool=request.tool, question=request.question,
+        frames=outcome.frames, prefill_ms=round(outcome.prefill_s * 1e3, 2), latency_ms=latency_ms,
+        truncated=outcome.truncated, dropped_text=outcome.dropped_text, offset_before=outcome.offsets[0],
+        offset_after=outcome.offsets[1], timings_ms={**request.timings_ms, "build_ms": round(outcome.build_s * 1e3, 3)},
+    )

@@ -32,6 +32,7 @@ from server.model_session import (
     SpanOutcome,
     SpanRequest,
     build_persona_block,
+    span_event,
 )
 from server.opus import OpusDecoder, OpusEncoder
 from server.outbound import OutboundQueue, Outgoing
@@ -335,24 +336,11 @@ class Session:
             self.retrieval.agent = backend.agent_for(store.get_profile(self.user_id))
 
     def _emit_span(self, outcome: SpanOutcome) -> None:
-        latency_ms = round((outcome.done - outcome.request.requested) * 1e3, 2)
-        t = self.assembler.stream_time
+        event = span_event(outcome, self.assembler.stream_time)
+        self.metrics.span_injections.labels("injected" if outcome.injected else "dropped").inc()
         if outcome.injected:
-            self.metrics.span_injections.labels("injected").inc()
-            self.metrics.span_latency.observe(latency_ms / 1e3)
-            request = outcome.request
-            timings = {**request.timings_ms, "build_ms": round(outcome.build_s * 1e3, 3)}
-            self.emit(p.SpanInjected(
-                t=t, text=outcome.text, source=request.source, tool=request.tool, question=request.question,
-                frames=outcome.frames, prefill_ms=round(outcome.prefill_s * 1e3, 2), latency_ms=latency_ms,
-                truncated=outcome.truncated, dropped_text=outcome.dropped_text,
-                offset_before=outcome.offsets[0], offset_after=outcome.offsets[1], timings_ms=timings,
-            ))
-        else:
-            self.metrics.span_injections.labels("dropped").inc()
-            self.emit(p.SpanDropped(t=t, text=outcome.text, source=outcome.request.source, tool=outcome.request.tool,
-                                    question=outcome.request.question, reason=outcome.reason or "dropped",
-                                    latency_ms=latency_ms))
+            self.metrics.span_latency.observe(event.latency_ms / 1e3)
+        self.emit(event)
 
     # send and stats ----------------------------------------------------------------------------------------
     async def _send_loop(self) -> None:

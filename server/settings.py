@@ -19,11 +19,11 @@ class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CONTEXTSPAN_", extra="ignore")
 
     host: str = Field("127.0.0.1", description="bind address; loopback unless you mean to expose it")
-    port: int = Field(8998, ge=0, le=65535)
+    port: int = Field(8998, ge=0, le=65535, description="TCP port; 0 picks a free one")
     profile: str | None = Field(None, description="model profile; default: moshi with CUDA, tiny without")
     checkpoint: str | None = Field(None, description="HF repo id or local directory for checkpoint profiles")
     device: str | None = Field(None, description="torch device; default cuda if available else cpu")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the random weights of the tiny and moshi-7b profiles")
     torch_threads: int = Field(
         1, ge=1, description="torch CPU threads; 1 keeps small CPU models steady on a busy machine (2 threads "
         "spin against other processes and miss deadlines)",
@@ -34,10 +34,10 @@ class ServerSettings(BaseSettings):
     input_backlog_frames: int = Field(50, ge=1, description="unprocessed input frames kept before dropping")
     deadline_ms: float = Field(80.0, gt=0, description="per-frame budget from a frame's arrival to its output")
     span_deadline_s: float = Field(2.5, gt=0, description="a span requested longer ago than this is dropped")
-    max_persona_chars: int = Field(2000, ge=0)
+    max_persona_chars: int = Field(2000, ge=0, description="longer personas are refused with close code 1008")
     persona: str = Field("", description="default persona / system prompt prefilled before the handshake")
     recordings: bool = Field(True, description="write a stereo WAV and a JSONL transcript per session")
-    recordings_dir: Path = Path("recordings")
+    recordings_dir: Path = Field(Path("recordings"), description="where session WAV and JSONL files go")
     web_client: bool = Field(True, description="serve the browser demo at /")
     asr: bool = Field(True, description="transcribe the user (retrieval needs the question)")
     asr_model: str | None = Field(None, description="faster-whisper model name or path; default: bundled tiny.en")
@@ -55,9 +55,12 @@ class ServerSettings(BaseSettings):
     knowledge_dir: Path | None = Field(None, description="folder of .txt/.md documents for the knowledge base tool")
     weather_url: str | None = Field(None, description="weather API URL template with {place}; off when unset")
     search_url: str | None = Field(None, description="SearXNG-style search API base URL; off when unset")
+    mcp_servers: list[str] = Field(default_factory=list,
+                                   description="MCP servers (stdio commands) whose tools the agent may call")
     force_ret_frame: int | None = Field(
         None, ge=0, description="test hook: act as if the model emitted <ret> at this frame of every session")
-    log_level: str = "info"
+    log_level: str = Field("info", description="debug, info, warning or error")
+    log_json: bool = Field(False, description="one JSON object per log line, keyed by session_id")
 
     def resolved_profile(self, cuda_available: bool) -> tuple[str, str | None]:
         """(profile, checkpoint): the real checkpoint where a GPU can run it, the tiny random model otherwise."""

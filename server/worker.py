@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import threading
 from collections.abc import Callable
@@ -26,7 +27,8 @@ class ModelWorker:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{device}")
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
-        return self._executor.submit(fn)
+        """Runs in the caller's context, so the worker's log lines carry the session id."""
+        return self._executor.submit(contextvars.copy_context().run, fn)
 
     async def run(self, fn: Callable[[], T]) -> T:
         return await asyncio.wrap_future(self.submit(fn))

@@ -25,7 +25,8 @@ class WhisperTranscriber:
         path = model or bundled_model_path()
         compute_type = compute_type or ("float16" if device.startswith("cuda") else "int8")
         try:
-            self.model = WhisperModel(path, device=device.split(":")[0], compute_type=compute_type,
+            kind, _, index = device.partition(":")
+            self.model = WhisperModel(path, device=kind, device_index=int(index or 0), compute_type=compute_type,
                                       cpu_threads=cpu_threads, local_files_only=Path(path).exists())
         except Exception as exc:  # ctranslate2 and the hub client raise many types for "cannot load this model"
             raise ASRLoadError(f"could not load Whisper model {path!r} on {device}: {exc}") from exc

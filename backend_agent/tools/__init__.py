@@ -3,6 +3,8 @@ schemas) and the built-in router (which calls tools by name)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from backend_agent.tools import (
     arithmetic,
     date,
@@ -27,9 +29,11 @@ def build_catalogue(
     weather_url: str | None = None,
     search_url: str | None = None,
     http_timeout_s: float = 2.0,
+    extra_tools: Iterable[Tool] = (),
 ) -> dict[str, Tool]:
     """The tools for one user, by name. The knowledge base and the HTTP tools are included only when
-    configured; `default_timezone` (the user's, when known) answers time questions that name no place."""
+    configured; `default_timezone` (the user's, when known) answers time questions that name no place.
+    `extra_tools` (e.g. from MCP servers) come after the built-ins and never replace one of the same name."""
     tools = [
         time_in_place.make_tool(clock, default_timezone),
         date.make_tool(clock, default_timezone),
@@ -42,4 +46,7 @@ def build_catalogue(
         tools.append(http_adapters.make_weather_tool(weather_url, timeout_s=http_timeout_s))
     if search_url:
         tools.append(http_adapters.make_web_search_tool(search_url, timeout_s=http_timeout_s))
-    return {tool.name: tool for tool in tools}
+    catalogue = {tool.name: tool for tool in tools}
+    for tool in extra_tools:
+        catalogue.setdefault(tool.name, tool)
+    return catalogue

@@ -1,0 +1,137 @@
+"""`contextspan infer`: a WAV through the same engine, ASR and agent at the frame clock, for offline evaluation.
+
+Frames are stepped back to back (faster than real time where the machine allows) or paced at 80 ms with
+`realtime`; the backend runs concurrently in wall time, and an answer is injected at the first frame boundary after
+it arrives, exactly as in a live session. Output: a stereo WAV like a recording (left user, right agent) and the
+events, each stamped with stream time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from frontend_model.calibration import calibrate_prefill
+from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES
+from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, LoadedModel
+from server import protocol as p
+from server.backend import Backend
+from server.frame_clock import FrameAssembler
+from server.model_session import ModelSession, SpanOutcome, SpanRequest, span_event
+from server.recording import StereoWavWriter
+from server.retrieval import SpanAnswer
+from server.settings import ServerSettings
+
+FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
+
+
+@dataclass
+class OfflineResult:
+    events: list[Any] = field(default_factory=list)
+    frames: int = 0
+    wall_s: float = 0.0
+    spans: list[tuple[SpanOutcome, float]] = field(default_factory=list)  # outcome, answer-ready perf_counter
+
+    @property
+    def realtime_factor(self) -> float:
+        return self.frames * FRAME_S / self.wall_s if self.wall_s else 0.0
+
+
+class OfflineSession:
+    def __init__(self, model: LoadedModel, backend: Backend, settings: ServerSettings,
+                 ret_frames: set[int] | None = None, realtime: bool = False) -> None:
+        self.model = model
+        self.backend = backend
+        self.settings = settings
+        self.ret_frames = ret_frames or set()
+        self.realtime = realtime
+        cost = calibrate_prefill(model, DEFAULT_MAX_SPAN_FRAMES)
+        self.model_session = ModelSession(model, settings.span_deadline_s, cost, settings.deadline_ms / 1e3)
+        self.assembler = FrameAssembler()
+        self.result = OfflineResult()
+        self._span: SpanRequest | None = None
+        self._answered: dict[int, float] = {}
+
+    def emit(self, event: Any) -> None:
+        self.result.events.append(event)
+
+    def _on_answer(self, answer: SpanAnswer) -> None:
+        self._span = SpanRequest(answer.text, answer.source, answer.triggered, answer.question, answer.tool,
+                                 answer.timings_ms)
+        self._answered[id(self._span)] = time.perf_counter()
+
+    async def run(self, pcm: np.ndarray, out_wav: Path | None = None) -> OfflineResult:
+        wav = StereoWavWriter(out_wav) if out_wav else None
+        retrieval = self.backend.retrieval_for("offline", "offline", self._on_answer, self.emit,
+                                               lambda: self.assembler.stream_time, lambda exc: None)
+        loop = asyncio.get_running_loop()
+        self.model_session.open(None)
+        start = time.perf_counter()
+        try:
+            for i, frame in enumerate(self.assembler.push(pcm)):
+                if self.realtime:
+                    await asyncio.sleep(max(0.0, start + (i + 1) * FRAME_S - time.perf_counter()))
+                retrieval.feed(frame.pcm)
+                span, self._span = self._span, None
+                out = await loop.run_in_executor(None, self.model_session.step, frame, span)
+                t = (i + 1) * FRAME_S
+                if span is not None and out.span is not None:
+                    self.result.spans.append((out.span, self._answered.pop(id(span))))
+                    self.emit(span_event(out.span, t))
+                token = out.text_token
+                if i in self.ret_frames or (token is not None and token == self.model.span.ret_id):
+                    self.emit(p.Retrieval(t=t, frame=i))
+                    retrieval.trigger()
+                if token is not None and token not in self.model.span.control_ids and token > 3:
+                    piece = self.model.tokenizer.id_to_piece(token).replace("\u2581", " ")
+                    self.emit(p.AgentText(t=t, text=piece, frame=i))
+                if wav is not None:
+                    agent = out.agent_pcm if out.agent_pcm is not None else np.zeros(FRAME_SAMPLES, np.float32)
+                    wav.write(frame.pcm, agent)
+                self.result.frames += 1
+                await asyncio.sleep(0)
+        finally:
+            self.result.wall_s = time.perf_counter() - start
+            await retrieval.close()
+            self.model_session.close()
+            if wav is not None:
+                wav.close()
+        return self.result
+
+
+def write_events(path: Path, events: list[Any]) -> None:
+    path.write_text(json.dumps([json.loads(p.encode_event(e)) for e in events], indent=1) + "\n")
+
+
+def infer(settings: ServerSettings, source: Path, out: Path, events: Path | None, ret_frames: set[int],
+          realtime: bool) -> int:
+    import torch
+
+    from frontend_model.loading import load_model
+    from server.client import load_wav
+
+    torch.set_num_threads(settings.torch_threads)
+    profile, checkpoint = settings.resolved_profile(torch.cuda.is_available())
+    model = load_model(profile, checkpoint, settings.device, seed=settings.seed)
+    backend = Backend.create(settings)
+    pcm = load_wav(str(source))
+
+    async def run() -> OfflineResult:
+        try:
+            return await OfflineSession(model, backend, settings, ret_frames, realtime).run(pcm, out)
+        finally:
+            await backend.aclose()
+
+    result = asyncio.run(run())
+    if events is not None:
+        write_events(events, result.events)
+    injected = sum(1 for e in result.events if e.type == "span.injected")
+    print(f"{result.frames} frames ({result.frames * FRAME_S:.1f} s) in {result.wall_s:.1f} s "
+          f"({result.realtime_factor:.1f}x real time); {injected} span(s) injected; wrote {out}")
+    return 0
