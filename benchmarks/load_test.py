@@ -14,7 +14,6 @@ import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import httpx
 import numpy as np
 import psutil
 
-from server.client import StreamResult, chat_url, load_wav, stream
+from server.client import StreamResult, chat_url, free_port, load_wav, stream
 from server.protocol import FRAME_SAMPLES, SAMPLE_RATE
 
 SPEECH = "Hello, this is a load test of the real time voice agent server. What is the weather like in Paris today?"
@@ -57,9 +56,7 @@ def speech_pcm(wav: Path | None, seconds: float, workdir: Path) -> np.ndarray:
 
 
 def start_server(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--profile", args.profile,
            "--max-sessions", str(args.sessions), "--recordings-dir", str(workdir / "recordings"),
            "--log-level", "warning"]

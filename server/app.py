@@ -162,6 +162,7 @@ def _info(state: ServerState) -> dict[str, object]:
         "asr": state.backend is not None and state.backend.transcriber is not None,
         "asr_error": state.backend.asr_error if state.backend else None,
         "llm": bool(state.backend and state.backend.llm),
+        "mcp_error": state.backend.mcp_error if state.backend else None,
         "trigger": state.settings.trigger,
     }
 

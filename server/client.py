@@ -7,6 +7,7 @@ opt-in JSON events when asked.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,13 @@ class StreamResult:
 
     def of_type(self, kind: str) -> list[Any]:
         return [e for e in self.events if e.type == kind]
+
+
+def free_port() -> int:
+    """A loopback port free right now, for servers started by tests and benchmarks."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def chat_url(base: str, events: bool = False, **query: str) -> str:

@@ -73,7 +73,7 @@ def _default_name(command: str, args: tuple[str, ...]) -> str:
         return command.split("://", 1)[1].split("/", 1)[0].split(":", 1)[0]
     if "-m" in args[:-1]:
         return args[args.index("-m") + 1].rsplit(".", 1)[-1]
-    if PurePath(command).name.rstrip("0123456789.") in _LAUNCHERS or PurePath(command).name in _LAUNCHERS:
+    if PurePath(command).name.rstrip("0123456789.") in _LAUNCHERS:  # python3.11 -> python
         target = next((a for a in args if not a.startswith("-")), None)
         if target:
             return PurePath(target).stem
@@ -150,7 +150,8 @@ class MCPToolset:
         readies = [concurrent.futures.Future[list[Any]]() for _ in self.specs]
         asyncio.run_coroutine_threadsafe(self._spawn(readies), loop).result(timeout=5)
         deadline = time.monotonic() + self.start_timeout_s
-        errors, tools = [], []
+        errors: list[str] = []
+        tools: list[Tool] = []
         for spec, ready in zip(self.specs, readies, strict=True):
             try:
                 listed = ready.result(timeout=max(0.0, deadline - time.monotonic()))

@@ -95,7 +95,7 @@ def test_built_in_tools_keep_their_names() -> None:
 
 def test_a_command_that_does_not_exist_is_a_clear_start_error() -> None:
     threads, started = _mcp_threads(), time.monotonic()
-    with pytest.raises(MCPStartError, match="no-such-mcp-server --flag.*FileNotFoundError"):
+    with pytest.raises(MCPStartError, match=r"no-such-mcp-server --flag.*FileNotFoundError"):
         MCPToolset([ECHO, "no-such-mcp-server --flag"]).start()  # all or nothing: echo is closed again
     assert time.monotonic() - started < 5
     assert _mcp_threads() == threads
@@ -108,7 +108,7 @@ def test_close_leaves_no_child_process_and_later_calls_fail_cleanly() -> None:
     children = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
     assert children, "the stdio server should be our child"
     toolset.close()
-    gone, alive = psutil.wait_procs(children, timeout=3)
+    _, alive = psutil.wait_procs(children, timeout=1)
     assert alive == []
     assert _mcp_threads() == threads
     with pytest.raises(ToolError, match="not connected"):
@@ -149,3 +149,26 @@ def test_server_specs() -> None:
     assert [spec.name for spec in toolset.specs] == ["a-server", "a-server2"]
     with pytest.raises(ValueError):
         parse("   ")
+
+
+def test_the_backend_offers_mcp_tools_and_survives_a_broken_server() -> None:
+    from backend_agent.context_store import Profile
+    from server.backend import Backend
+    from server.settings import ServerSettings
+
+    async def scenario() -> None:
+        backend = Backend.create(ServerSettings(asr=False, mcp_servers=[ECHO]))
+        try:
+            assert backend.mcp is not None and backend.mcp_error is None
+            agent = backend.agent_for(Profile(user_id="u1"))
+            assert {"echo_add", "time_in_place"} <= set(agent.tools)
+        finally:
+            await backend.aclose()
+        broken = Backend.create(ServerSettings(asr=False, mcp_servers=["no-such-mcp-server"]))
+        try:
+            assert broken.mcp is None and "no-such-mcp-server" in (broken.mcp_error or "")
+            assert "time_in_place" in broken.agent_for(Profile(user_id="u1")).tools
+        finally:
+            await broken.aclose()
+
+    asyncio.run(scenario())

@@ -17,10 +17,10 @@ import uvicorn
 
 from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, load_model
 from server.app import create_app
-from server.client import chat_url, stream
+from server.client import chat_url, free_port, stream
 from server.settings import ServerSettings
 
-from .servers import RunningServer, free_port
+from .servers import RunningServer
 
 pytestmark = pytest.mark.slow
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
