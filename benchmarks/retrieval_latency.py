@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +54,12 @@ def speech(count: int, tmp: Path) -> tuple[np.ndarray, set[int]]:
     return np.concatenate(chunks), rets
 
 
-def measure(settings: ServerSettings, pcm: np.ndarray, rets: set[int]) -> list[dict[str, float]]:
+def measure(settings: ServerSettings, pcm: np.ndarray, rets: set[int]) -> tuple[list[dict[str, float]], list[Any]]:
     model = load_model("tiny", device="cpu")
     backend = Backend.create(settings)
+    backend.warm_up()
 
-    async def run() -> list[dict[str, float]]:
+    async def run() -> tuple[list[dict[str, float]], list[Any]]:
         try:
             result = await OfflineSession(model, backend, settings, rets, realtime=True).run(pcm)
         finally:
@@ -79,7 +81,8 @@ def measure(settings: ServerSettings, pcm: np.ndarray, rets: set[int]) -> list[d
             # What is neither model inference (LLM, ASR) nor the frame clock's own wait.
             row["overhead_ms"] = row["total_ms"] - row["llm_ms"] - row["asr_ms"] - row["frame_wait_ms"]
             rows.append(row)
-        return rows
+        dropped = [e for e in result.events if e.type == "span.dropped"]
+        return rows, dropped
 
     return asyncio.run(run())
 
@@ -136,10 +139,22 @@ def main(argv: list[str] | None = None) -> int:
                                                                          llm_model="smollm2")
     try:
         for name, settings in configs.items():
-            rows = measure(settings, pcm, rets)
+            rows, dropped = measure(settings, pcm, rets)
             summary = summarise(rows)
             print_table(name, rows, summary)
-            results["runs"][name] = {"spans": len(rows), "parts": summary, "rows": rows}
+            reasons = Counter(e.reason for e in dropped)
+            llm_ms = [e.timings_ms["llm_ms"] for e in dropped if "llm_ms" in e.timings_ms]
+            if dropped:
+                print(f"{len(dropped)} dropped: {dict(reasons)}")
+            if llm_ms:
+                print(f"LLM time of dropped retrievals: P50 {np.percentile(llm_ms, 50):.0f} ms, "
+                      f"P95 {np.percentile(llm_ms, 95):.0f} ms")
+            results["runs"][name] = {
+                "spans": len(rows), "parts": summary, "rows": rows, "dropped": len(dropped),
+                "dropped_reasons": dict(reasons),
+                "dropped_llm_ms": {"p50": float(np.percentile(llm_ms, 50)), "p95": float(np.percentile(llm_ms, 95))}
+                if llm_ms else None,
+            }
     finally:
         if llama is not None:
             llama.terminate()

@@ -73,6 +73,7 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> None:
         for slot in pool.models():
             await worker.run(lambda s=slot: warm_up(s))
         state.backend = await asyncio.to_thread(Backend.create, settings)
+        await asyncio.to_thread(state.backend.warm_up)
     except ModelLoadError as exc:
         state.load_error = str(exc)
         logger.error("model not loaded: %s", exc)

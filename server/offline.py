@@ -120,6 +120,7 @@ def infer(settings: ServerSettings, source: Path, out: Path, events: Path | None
     profile, checkpoint = settings.resolved_profile(torch.cuda.is_available())
     model = load_model(profile, checkpoint, settings.device, seed=settings.seed)
     backend = Backend.create(settings)
+    backend.warm_up()
     pcm = load_wav(str(source))
 
     async def run() -> OfflineResult:

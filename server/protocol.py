@@ -180,6 +180,7 @@ class SpanDropped(ServerEvent):
     question: str | None = None
     reason: str
     latency_ms: float
+    timings_ms: dict[str, float] = Field(default_factory=dict, description="what the retrieval spent before failing")
 
 
 class ErrorEvent(ServerEvent):

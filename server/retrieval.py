@@ -132,7 +132,7 @@ class Retrieval:
             if asr_ms:
                 timings["asr_ms"] = asr_ms
             if not question:
-                self._dropped("", "no question heard", triggered)
+                self._dropped("no question heard", triggered, timings)
                 return
             self._last_question_at = time.monotonic()
             self.emit(p.Question(t=self.stream_time(), text=question))
@@ -142,7 +142,7 @@ class Retrieval:
             result = await self.agent.answer(question, context, remaining)
             timings.update(result.timings_ms)
             if result.answer is None:
-                self._dropped("", result.reason or "no answer", triggered, question)
+                self._dropped(result.reason or "no answer", triggered, timings, question)
                 return
             answer = result.answer
             self.store.record_tool_result(self.user_id, self.session_id, answer.tool, {"question": question},
@@ -152,7 +152,7 @@ class Retrieval:
             raise
         except Exception as exc:  # the backend failing must cost one span, never the session
             logger.exception("retrieval failed in session %s", self.session_id)
-            self._dropped("", f"backend error: {type(exc).__name__}: {exc}", triggered)
+            self._dropped(f"backend error: {type(exc).__name__}: {exc}", triggered, timings)
 
     async def _pick_question(self, triggered: float) -> tuple[str, float]:
         """A fresh final utterance; else wait briefly for the final; else transcribe the last seconds heard."""
@@ -178,6 +178,7 @@ class Retrieval:
             return None
         return final
 
-    def _dropped(self, text: str, reason: str, triggered: float, question: str | None = None) -> None:
+    def _dropped(self, reason: str, triggered: float, timings: dict[str, float], question: str | None = None) -> None:
         latency = round((time.perf_counter() - triggered) * 1e3, 2)
-        self.emit(p.SpanDropped(t=self.stream_time(), text=text, reason=reason, latency_ms=latency))
+        self.emit(p.SpanDropped(t=self.stream_time(), text="", question=question, reason=reason, latency_ms=latency,
+                                timings_ms=timings))

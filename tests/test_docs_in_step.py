@@ -26,12 +26,12 @@ def _config_table_script() -> ModuleType:
     return module
 
 
-def test_configuration_table_is_the_generated_one() -> None:
+@pytest.mark.parametrize("document", [DOCS / "configuration.md", DOCS.parent / "README.md"], ids=lambda p: p.name)
+def test_configuration_table_is_the_generated_one(document: Path) -> None:
     script = _config_table_script()
-    committed = (DOCS / "configuration.md").read_text()
+    committed = document.read_text()
     assert committed == script.replace_table(committed), (
-        "docs/configuration.md is out of date: run .venv/bin/python scripts/config_table.py --write "
-        "docs/configuration.md")
+        f"{document.name} is out of date: run .venv/bin/python scripts/config_table.py --write {document}")
 
 
 def test_configuration_table_has_a_row_per_setting() -> None:
