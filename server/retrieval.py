@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from opentelemetry import trace
+from opentelemetry.trace import StatusCode
 
 from backend_agent.agent import Agent
 from backend_agent.asr.streaming import StreamingASR, Transcript
@@ -22,6 +24,7 @@ from backend_agent.tools.base import ToolResult
 from server import protocol as p
 
 logger = logging.getLogger(__name__)
+tracer = trace.get_tracer("contextspan.server")
 
 _QUESTION_START = re.compile(
     r"^(what|what's|whats|when|where|who|whom|whose|which|why|how|is|are|am|was|were|do|does|did|can|could|"
@@ -124,10 +127,15 @@ class Retrieval:
             await self.asr.close()
 
     async def _retrieve(self, triggered: float) -> None:
+        with tracer.start_as_current_span("retrieval", attributes={"session_id": self.session_id}):
+            await self._retrieve_traced(triggered)
+
+    async def _retrieve_traced(self, triggered: float) -> None:
         timings: dict[str, float] = {}
         try:
             started = time.perf_counter()
-            question, asr_ms = await self._pick_question(triggered)
+            with tracer.start_as_current_span("question"):
+                question, asr_ms = await self._pick_question(triggered)
             timings["question_ms"] = (time.perf_counter() - started) * 1e3
             if asr_ms:
                 timings["asr_ms"] = asr_ms
@@ -179,6 +187,7 @@ class Retrieval:
         return final
 
     def _dropped(self, reason: str, triggered: float, timings: dict[str, float], question: str | None = None) -> None:
+        trace.get_current_span().set_status(StatusCode.ERROR, reason)
         latency = round((time.perf_counter() - triggered) * 1e3, 2)
         self.emit(p.SpanDropped(t=self.stream_time(), text="", question=question, reason=reason, latency_ms=latency,
                                 timings_ms=timings))

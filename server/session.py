@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+from opentelemetry import trace
 from starlette.websockets import WebSocket, WebSocketState
 
 from backend_agent.context_store import Profile
@@ -42,6 +43,7 @@ from server.settings import ServerSettings
 from server.worker import ModelWorker, SlotPool
 
 logger = logging.getLogger(__name__)
+tracer = trace.get_tracer("contextspan.server")
 
 _SKIPPED_TEXT_IDS = frozenset(range(4))
 
@@ -140,6 +142,11 @@ class Session:
     # lifecycle ---------------------------------------------------------------------------------------------
     async def run(self) -> None:
         """Prefill, handshake, then stream until the client leaves; always ends with everything released."""
+        attributes = {"session_id": self.id, "profile": self.model.profile, "user": self.user_id}
+        with tracer.start_as_current_span("conversation", attributes=attributes):
+            await self._run()
+
+    async def _run(self) -> None:
         # Tokenising and reading a voice file: off the event loop, and off the worker that steps the others.
         prefix = await asyncio.to_thread(build_persona_block, self.model, self.options.persona, self.options.voice,
                                          self.model_session.engine.max_span_frames)
