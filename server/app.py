@@ -160,7 +160,7 @@ def _info(state: ServerState) -> dict[str, object]:
         "free_slots": state.pool.free if state.pool else 0,
         "sessions": len(state.sessions),
         "protocol": p.PROTOCOL_VERSION,
-        "asr": state.backend is not None and state.backend.transcriber is not None,
+        "asr": state.backend is not None and state.backend.asr_process is not None,
         "asr_error": state.backend.asr_error if state.backend else None,
         "llm": bool(state.backend and state.backend.llm),
         "mcp_error": state.backend.mcp_error if state.backend else None,

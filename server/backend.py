@@ -4,15 +4,19 @@ the LLM client. Built once at startup; a part that fails to start is reported an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from backend_agent.agent import Agent
 from backend_agent.asr.streaming import StreamingASR
-from backend_agent.asr.transcriber import ASRLoadError, WhisperTranscriber
+from backend_agent.asr.transcriber import ASRLoadError
+from backend_agent.asr.worker_process import start_asr_process, transcribe
 from backend_agent.context_store import ContextStore, Profile
 from backend_agent.llm_client import ChatClient, LLMConfig
 from backend_agent.tools import build_catalogue
@@ -24,6 +28,16 @@ if TYPE_CHECKING:
     from backend_agent.tools.mcp_tools import MCPToolset
 
 logger = logging.getLogger(__name__)
+BACKEND_NICENESS = 10
+
+
+def lower_thread_priority() -> None:
+    """Tool threads yield the CPU to the frame worker: a late answer costs little, a late frame is audible.
+
+    Linux schedules threads as tasks, so a thread can be niced alone; elsewhere this is a no-op.
+    """
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKEND_NICENESS)
 
 
 def tool_choice(setting: str) -> str | dict[str, Any]:
@@ -36,11 +50,10 @@ def tool_choice(setting: str) -> str | dict[str, Any]:
 @dataclass
 class Backend:
     settings: ServerSettings
-    transcriber: WhisperTranscriber | None
+    asr_process: ProcessPoolExecutor | None  # Whisper, loaded in its own process (see worker_process)
     store: ContextStore
     knowledge: KnowledgeBase | None
     llm: ChatClient | None
-    asr_executor: ThreadPoolExecutor
     tool_executor: ThreadPoolExecutor
     asr_error: str | None = None
     mcp: MCPToolset | None = None
@@ -49,10 +62,10 @@ class Backend:
     @classmethod
     def create(cls, settings: ServerSettings) -> Backend:
         """Blocking (model load, folder indexing): call it off the event loop."""
-        transcriber, asr_error = None, None
+        asr_process, asr_error = None, None
         if settings.asr:
             try:
-                transcriber = WhisperTranscriber(settings.asr_model, settings.asr_device)
+                asr_process = start_asr_process(settings.asr_model, settings.asr_device)
             except ASRLoadError as exc:
                 asr_error = str(exc)
                 logger.error("speech recognition off: %s", exc)
@@ -75,8 +88,8 @@ class Backend:
             except (MCPStartError, ValueError) as exc:
                 mcp, mcp_error = None, str(exc)
                 logger.error("MCP tools off: %s", exc)
-        return cls(settings, transcriber, ContextStore(settings.context_store), knowledge, llm,
-                   ThreadPoolExecutor(1, thread_name_prefix="asr"), ThreadPoolExecutor(2, thread_name_prefix="tool"),
+        return cls(settings, asr_process, ContextStore(settings.context_store), knowledge, llm,
+                   ThreadPoolExecutor(2, thread_name_prefix="tool", initializer=lower_thread_priority),
                    asr_error, mcp, mcp_error)
 
     def warm_up(self) -> None:
@@ -111,8 +124,8 @@ class Backend:
                 retrieval.on_transcript(transcript)
 
         asr = None
-        if self.transcriber is not None:
-            asr = StreamingASR(self.transcriber, self.asr_executor, on_transcript, on_error)
+        if self.asr_process is not None:
+            asr = StreamingASR(transcribe, self.asr_process, on_transcript, on_error)
             asr.start()
         s = self.settings
         config = RetrievalConfig(deadline_s=s.span_deadline_s, question_wait_s=s.question_wait_s,
@@ -124,7 +137,8 @@ class Backend:
     async def aclose(self) -> None:
         if self.llm is not None:
             await self.llm.aclose()
-        self.asr_executor.shutdown(wait=False, cancel_futures=True)
+        if self.asr_process is not None:
+            self.asr_process.shutdown(wait=False, cancel_futures=True)
         self.tool_executor.shutdown(wait=False, cancel_futures=True)
         if self.mcp is not None:
             await asyncio.to_thread(self.mcp.close)  # up to a few seconds for a server that ignores EOF

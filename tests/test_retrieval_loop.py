@@ -37,7 +37,7 @@ async def _run(pcm: np.ndarray, trigger_after_s: float, config: RetrievalConfig,
         def on_transcript(t: Any) -> None:
             retrieval.on_transcript(t)
 
-        asr = StreamingASR(transcriber, pool, on_transcript, queue_frames=len(pcm) // 1920 + 1)
+        asr = StreamingASR(transcriber.transcribe, pool, on_transcript, queue_frames=len(pcm) // 1920 + 1)
         retrieval = Retrieval("s1", "u1", Agent(build_catalogue()), store, asr, answers.append, events.append,
                               lambda: 0.0, config)
         asr.start()

@@ -14,7 +14,6 @@ import numpy as np
 
 from backend_agent.asr.resample import resample_24k_to_16k
 from backend_agent.asr.segmenter import Cue, SegmenterConfig, SegmentEvent, UtteranceSegmenter
-from backend_agent.asr.transcriber import WhisperTranscriber
 
 logger = logging.getLogger(__name__)
 
@@ -31,20 +30,22 @@ class Transcript:
 class StreamingASR:
     """Feed 24 kHz frames with `feed` (never blocks); partial and final transcripts reach `on_transcript`.
 
+    `transcribe` runs on `executor`: a thread pool in tests, the Whisper process (worker_process) in the server.
+
     The input queue is bounded: if transcription falls behind, the oldest audio is dropped and counted. A partial
     is skipped when a transcription is already running; finals are always transcribed, in order.
     """
 
     def __init__(
         self,
-        transcriber: WhisperTranscriber,
+        transcribe: Callable[[np.ndarray], str],
         executor: Executor,
         on_transcript: Callable[[Transcript], None],
         on_error: Callable[[Exception], None] | None = None,
         segmenter: SegmenterConfig | None = None,
         queue_frames: int = 250,
     ) -> None:
-        self._transcriber = transcriber
+        self._transcribe = transcribe
         self._executor = executor
         self._on_transcript = on_transcript
         self._on_error = on_error
@@ -83,7 +84,7 @@ class StreamingASR:
         audio = self._segmenter.recent_audio(seconds)
         if len(audio) == 0:
             return ""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._transcriber.transcribe, audio)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._transcribe, audio)
 
     async def drain(self) -> None:
         """Wait until every queued frame has gone through the segmenter (tests and offline inference)."""
@@ -98,7 +99,7 @@ class StreamingASR:
                 for event in self._segmenter.feed(resample_24k_to_16k(pcm)):
                     if event.cue is Cue.PARTIAL and busy is not None and not busy.done():
                         continue
-                    busy = loop.run_in_executor(self._executor, self._transcriber.transcribe, event.audio)
+                    busy = loop.run_in_executor(self._executor, self._transcribe, event.audio)
                     if event.cue is Cue.FINAL:
                         text = await busy
                         self._emit(Transcript(text, True, event.start_s, event.end_s, time.monotonic()))

@@ -61,7 +61,7 @@ def test_streaming_questions_have_low_word_error_rate(transcriber: WhisperTransc
     async def run() -> list[Transcript]:
         got: list[Transcript] = []
         with ThreadPoolExecutor(1) as pool:
-            asr = StreamingASR(transcriber, pool, got.append, queue_frames=len(pcm) // 1920 + 1)
+            asr = StreamingASR(transcriber.transcribe, pool, got.append, queue_frames=len(pcm) // 1920 + 1)
             asr.start()
             for start in range(0, len(pcm) - 1919, 1920):
                 asr.feed(pcm[start : start + 1920])
