@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -25,6 +23,7 @@ import httpx
 import numpy as np
 import psutil
 
+from benchmarks.report import machine_info, save_json
 from server.client import StreamResult, chat_url, free_port, load_wav, stream
 from server.protocol import FRAME_SAMPLES, SAMPLE_RATE
 
@@ -39,6 +38,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--wav", type=Path, help="speech to stream (looped); default: espeak-ng, else a tone")
     parser.add_argument("--url", help="an already running server (http://host:port); CPU/RSS then not measured")
     parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument("--asr", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the server's speech recognition (its default); --no-asr measures the model alone")
     return parser.parse_args(argv)
 
 
@@ -59,7 +60,7 @@ def start_server(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Po
     port = free_port()
     cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--profile", args.profile,
            "--max-sessions", str(args.sessions), "--recordings-dir", str(workdir / "recordings"),
-           "--log-level", "warning"]
+           "--log-level", "warning", "--asr" if args.asr else "--no-asr"]
     log = (workdir / "server.log").open("wb")
     process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, NO_TORCH_COMPILE="1"))
     url = f"http://127.0.0.1:{port}"
@@ -115,8 +116,9 @@ def report(args: argparse.Namespace, results: list[StreamResult], samples: dict,
         "benchmark": "load",
         "profile": args.profile,
         "sessions": args.sessions,
+        "asr": args.asr if not args.url else None,
         "seconds": args.seconds,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "machine": machine_info(),
         "frames_sent": frames_sent,
         "frames_measured": int(latencies.size),
         "audio_messages_received": sum(r.audio_messages for r in results),
@@ -163,7 +165,5 @@ def main(argv: list[str]) -> int:
           f"p99 {lat['p99']} ms, max {lat['max']} ms; deadline misses {result['deadline_misses']} of "
           f"{result['frames_measured']} frames; audio dropped {result['audio_dropped']}; server CPU mean "
           f"{result['server_cpu_percent']['mean']} %, RSS max {result['server_rss_mb']['max']} MB")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    save_json(args.json, result)
     return 0

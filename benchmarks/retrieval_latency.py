@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.machine import machine_info
+from benchmarks.report import machine_info, save_json
 from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, load_model
 from server.backend import Backend
 from server.client import free_port
@@ -158,10 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if llama is not None:
             llama.terminate()
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
-        print(f"wrote {args.json}")
+    save_json(args.json, results)
     return 0
 
 

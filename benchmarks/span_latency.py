@@ -8,7 +8,6 @@ Also the cost of one whole frame (Mimi encode + LM step + Mimi decode) at batch 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.machine import machine_info
+from benchmarks.report import machine_info, save_json
 from frontend_model.block import Block
 from frontend_model.codec import FrameCodec
 from frontend_model.engine import GREEDY, Engine, device_sync, time_call
@@ -161,10 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     f = result["frame"]
     print(f"whole frame (encode + step + decode): median {f['p50_ms']:.2f} ms, P99 {f['p99_ms']:.2f} ms")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    save_json(args.json, result)
     return 0
 
 

@@ -16,15 +16,23 @@ import numpy as np
 
 from backend_agent.asr.transcriber import ASRLoadError, WhisperTranscriber
 
-NICENESS = 10
+NICENESS = 19
 _transcriber: WhisperTranscriber | None = None
 _load_error: str | None = None
 
 
+def _lower_priority() -> None:
+    """SCHED_IDLE where Linux offers it: Whisper gets only CPU time the frame worker leaves."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        with contextlib.suppress(OSError):
+            os.nice(NICENESS)
+
+
 def _load(model: str | None, device: str) -> None:
     global _transcriber, _load_error
-    with contextlib.suppress(OSError):
-        os.nice(NICENESS)
+    _lower_priority()
     try:
         _transcriber = WhisperTranscriber(model, device)
     except ASRLoadError as exc:

@@ -1,0 +1,33 @@
+"""What every benchmark result carries and where it goes: the machine it ran on, and a JSON file."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def machine_info(device: str | None = None) -> dict[str, Any]:
+    """Numbers are never quoted without their machine; torch is imported only when a device is named."""
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+    }
+    if device is not None:
+        import torch
+
+        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads(), device=device)
+        if device.startswith("cuda") and torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+def save_json(path: Path | None, result: dict[str, Any]) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
