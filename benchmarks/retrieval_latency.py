@@ -72,8 +72,8 @@ def measure(settings: ServerSettings, pcm: np.ndarray, rets: set[int]) -> tuple[
             row = {
                 "question_ms": t.get("question_ms", 0.0), "asr_ms": t.get("asr_ms", 0.0),
                 "llm_ms": t.get("llm_ms", 0.0), "tool_ms": t.get("tool_ms", 0.0),
-                "build_ms": outcome.build_s * 1e3,
-                "frame_wait_ms": max(0.0, (start_inject - outcome.build_s - answered) * 1e3),
+                "build_ms": outcome.request.build_s * 1e3,
+                "frame_wait_ms": max(0.0, (start_inject - answered) * 1e3),
                 "prefill_ms": outcome.prefill_s * 1e3,
                 "total_ms": (outcome.done - outcome.request.requested) * 1e3,
             }

@@ -14,7 +14,7 @@ from frontend_model.block import Block
 from frontend_model.codec import FrameCodec
 from frontend_model.engine import Engine, PrefillCost
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel
-from frontend_model.span_block import build_prefix
+from frontend_model.span_block import SpanBuild, build_prefix
 from server import protocol as p
 from server.frame_clock import InputFrame
 
@@ -25,9 +25,13 @@ class PersonaError(ValueError):
 
 @dataclass(frozen=True)
 class SpanRequest:
+    """A span waiting for the next frame boundary, already normalised and tokenised (off the frame path)."""
+
     text: str
     source: str | None
     requested: float  # time.perf_counter() when retrieval started (the `<ret>`): the span deadline counts from it
+    built: SpanBuild
+    build_s: float
     question: str | None = None
     tool: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
@@ -45,7 +49,6 @@ class SpanOutcome:
     reason: str | None = None
     done: float = 0.0  # time.perf_counter() when injected or dropped
     offsets: tuple[int, int] = (0, 0)  # engine frames consumed before and after the injection
-    build_s: float = 0.0  # normalise + tokenise
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,15 @@ class ModelSession:
         self.engine.prefill(prefix)
         return time.perf_counter() - start
 
+    def span_request(self, text: str, source: str | None, requested: float | None = None,
+                     question: str | None = None, tool: str | None = None,
+                     timings_ms: dict[str, float] | None = None) -> SpanRequest:
+        """Build the block now, on the caller's thread, so the frame that injects it only runs the forward pass."""
+        start = time.perf_counter()
+        built = self.engine.prepare_span(text)
+        return SpanRequest(text, source, requested or start, built, time.perf_counter() - start, question, tool,
+                           timings_ms or {})
+
     def step(self, frame: InputFrame, span: SpanRequest | None) -> FrameOutput:
         start = time.perf_counter()
         outcome = self._inject(span) if span is not None else None
@@ -125,15 +137,14 @@ class ModelSession:
             return SpanOutcome(request, False, request.text, reason="late", done=now)
         if self.engine.steps == 0:
             return SpanOutcome(request, False, request.text, reason="before the first frame", done=now)
-        built = self.engine.prepare_span(request.text)
-        start = time.perf_counter()
+        built = request.built
         if built.block is None:
-            return SpanOutcome(request, False, built.text, reason=built.reason, done=start, build_s=start - now)
+            return SpanOutcome(request, False, built.text, reason=built.reason, done=now)
         before = self.engine.offset
         self.engine.inject(built.block)
         done = time.perf_counter()
-        return SpanOutcome(request, True, built.text, built.frames, done - start, built.truncated,
-                           built.dropped_text, done=done, offsets=(before, self.engine.offset), build_s=start - now)
+        return SpanOutcome(request, True, built.text, built.frames, done - now, built.truncated,
+                           built.dropped_text, done=done, offsets=(before, self.engine.offset))
 
     def close(self) -> None:
         self.engine.close()
@@ -162,5 +173,5 @@ def span_event(outcome: SpanOutcome, t: float) -> p.SpanInjected | p.SpanDropped
         t=t, text=outcome.text, source=request.source, tool=request.tool, question=request.question,
         frames=outcome.frames, prefill_ms=round(outcome.prefill_s * 1e3, 2), latency_ms=latency_ms,
         truncated=outcome.truncated, dropped_text=outcome.dropped_text, offset_before=outcome.offsets[0],
-        offset_after=outcome.offsets[1], timings_ms={**request.timings_ms, "build_ms": round(outcome.build_s * 1e3, 3)},
+        offset_after=outcome.offsets[1], timings_ms={**request.timings_ms, "build_ms": round(request.build_s * 1e3, 3)},
     )

@@ -62,8 +62,8 @@ class OfflineSession:
         self.result.events.append(event)
 
     def _on_answer(self, answer: SpanAnswer) -> None:
-        self._span = SpanRequest(answer.text, answer.source, answer.triggered, answer.question, answer.tool,
-                                 answer.timings_ms)
+        self._span = self.model_session.span_request(answer.text, answer.source, answer.triggered, answer.question,
+                                                     answer.tool, answer.timings_ms)
         self._answered[id(self._span)] = time.perf_counter()
 
     async def run(self, pcm: np.ndarray, out_wav: Path | None = None) -> OfflineResult:

@@ -130,7 +130,7 @@ class Session:
         if self._span is not None:
             self._emit_span(SpanOutcome(self._span, False, self._span.text, reason="superseded",
                                         done=time.perf_counter()))
-        self._span = SpanRequest(text, source, requested or time.perf_counter(), question, tool, timings_ms or {})
+        self._span = self.model_session.span_request(text, source, requested, question, tool, timings_ms)
 
     def emit(self, event: p.ServerEvent) -> None:
         """Record an event in the transcript and, if the client asked for events, send it."""

@@ -9,7 +9,7 @@ import pytest
 
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
 from server.frame_clock import InputFrame
-from server.model_session import ModelSession, PersonaError, SpanRequest, build_persona_block
+from server.model_session import ModelSession, PersonaError, build_persona_block
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +32,13 @@ def test_steps_inject_and_drop(model: LoadedModel) -> None:
         assert second.agent_pcm is not None and second.agent_pcm.shape == (FRAME_SAMPLES,)
 
         offset = session.engine.offset
-        out = session.step(frame(2), SpanRequest("The meeting is at noon.", "calendar", time.perf_counter()))
+        out = session.step(frame(2), session.span_request("The meeting is at noon.", "calendar"))
         assert out.span is not None and out.span.injected and out.span.frames >= 3
         assert session.engine.offset == offset + out.span.frames + 1
 
-        late = session.step(frame(3), SpanRequest("too late", None, time.perf_counter() - 10))
+        late = session.step(frame(3), session.span_request("too late", None, time.perf_counter() - 10))
         assert late.span is not None and not late.span.injected and late.span.reason == "late"
-        empty = session.step(frame(4), SpanRequest("   ", None, time.perf_counter()))
+        empty = session.step(frame(4), session.span_request("   ", None))
         assert empty.span is not None and empty.span.reason == "empty text"
     finally:
         session.close()
