@@ -47,6 +47,7 @@ class SamplingConfig:
 
 
 GREEDY = SamplingConfig(use_sampling=False)
+SAMPLED = SamplingConfig()
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class Engine:
     def __init__(
         self,
         model: LoadedModel,
-        sampling: SamplingConfig = SamplingConfig(),
+        sampling: SamplingConfig = SAMPLED,
         max_span_frames: int = DEFAULT_MAX_SPAN_FRAMES,
         cost: PrefillCost | None = None,
         frame_budget_s: float = FRAME_S,
@@ -118,6 +119,7 @@ class Engine:
             on_text_hook=self._on_text,
             on_text_logits_hook=self._on_text_logits,
         )
+        self.slots = 1
         self._forced_text: torch.Tensor | None = None
         self.last_text_logits: torch.Tensor | None = None
         self.kv_capacity = 0
@@ -136,7 +138,7 @@ class Engine:
             raise EngineStateError("engine is closed; create a new one")
         if self._started:
             raise EngineStateError("engine already started")
-        self._stream = self.lm_gen.streaming(1)
+        self._stream = self.lm_gen.streaming(self.slots)
         self.kv_capacity = widen_kv_rings(self.model.lm.transformer, self.max_span_frames)
         self._started = True
 

@@ -8,7 +8,28 @@ limits each query to `context` past frames, so one-pass injection equals frame-b
 
 from __future__ import annotations
 
-from moshi.modules.transformer import RingKVCache, StreamingMultiheadAttention, StreamingTransformer
+import torch
+from moshi.modules.transformer import KVCacheResult, RingKVCache, StreamingMultiheadAttention, StreamingTransformer
+
+
+class MaskedRingKVCache(RingKVCache):
+    """A ring whose writes respect the exec mask.
+
+    moshi's ring writes the T new keys into every batch row and only holds back the masked rows' end offsets: a
+    T-frame span injected for one session would write its keys into the other sessions' rings. Here masked rows
+    keep their old keys, so one session's injection leaves the others' caches bit for bit as they were.
+    """
+
+    def complete(self, k: torch.Tensor, v: torch.Tensor, exec_mask: torch.Tensor) -> KVCacheResult:
+        if exec_mask.all():
+            return super().complete(k, v, exec_mask)
+        B, H, T, D = k.shape
+        index = ((torch.arange(T, device=k.device) + self.end_offset.view(-1, 1)) % self.capacity)
+        index = index.view(B, 1, T, 1).expand(-1, H, T, D)
+        keep = ~exec_mask.view(B, 1, 1, 1)
+        k = torch.where(keep, self.cache[0].gather(2, index), k)
+        v = torch.where(keep, self.cache[1].gather(2, index), v)
+        return super().complete(k, v, exec_mask)
 
 
 def attention_layers(transformer: StreamingTransformer) -> list[StreamingMultiheadAttention]:
@@ -33,7 +54,7 @@ def widen_kv_rings(transformer: StreamingTransformer, extra_frames: int) -> int:
             raise RuntimeError("widen_kv_rings must run before the first step")
         _, batch, heads, _, dim = old.cache.shape
         capacity = attn.context + extra_frames
-        state.kv_cache = RingKVCache(
+        state.kv_cache = MaskedRingKVCache(
             batch, heads, dim, capacity, respect_exec_mask=old.respect_exec_mask,
             device=old.cache.device, dtype=old.cache.dtype,
         )

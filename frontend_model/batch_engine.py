@@ -1,0 +1,90 @@
+"""Many conversations on one model: every slot steps in one batched `LMGen` step per tick.
+
+A slot without a fresh user frame this tick is masked (exec mask), not fed silence, so its state is exactly as if
+the tick had not happened; a span is injected for one slot with the others masked; a slot is reset when a session
+joins. Each session therefore produces what it would produce alone (tests/test_batch_engine.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from frontend_model.block import Block
+from frontend_model.engine import (
+    DEFAULT_MAX_SPAN_FRAMES,
+    FRAME_S,
+    SAMPLED,
+    Engine,
+    EngineStateError,
+    PrefillCost,
+    SamplingConfig,
+    StepResult,
+)
+from frontend_model.loading import LoadedModel
+
+
+class BatchEngine(Engine):
+    def __init__(
+        self,
+        model: LoadedModel,
+        slots: int,
+        sampling: SamplingConfig = SAMPLED,
+        max_span_frames: int = DEFAULT_MAX_SPAN_FRAMES,
+        cost: PrefillCost | None = None,
+        frame_budget_s: float = FRAME_S,
+    ) -> None:
+        super().__init__(model, sampling, max_span_frames, cost, frame_budget_s)
+        if slots < 1:
+            raise ValueError("a batch needs at least one slot")
+        self.slots = slots
+
+    def slot_offset(self, slot: int) -> int:
+        return int(self._state().offsets[slot])
+
+    @torch.no_grad()
+    def reset_slot(self, slot: int) -> None:
+        """A new session takes `slot`: its state starts fresh, the other slots' states are untouched."""
+        self._require_running("reset_slot")
+        state = self._state()
+        mask = self._one_hot(slot)
+        offset_cpu = state.offset_cpu
+        self.lm_gen.reset_streaming(mask)
+        # LMGen counts global steps in offset_cpu only to hold back its very first outputs; per-slot offsets do
+        # that job for a joining slot, and resetting the count would blank everyone's next outputs.
+        state.offset_cpu = offset_cpu
+
+    @torch.no_grad()
+    def step_slots(self, user_codes: torch.Tensor, active: torch.Tensor) -> list[StepResult | None]:
+        """One tick: `user_codes` [slots, user codebooks]; `active` [slots] marks slots with a fresh frame."""
+        self._require_running("step_slots")
+        if user_codes.shape != (self.slots, self.span.user_codebooks) or active.shape != (self.slots,):
+            raise ValueError(f"expected codes [{self.slots}, {self.span.user_codebooks}] and a mask [{self.slots}]")
+        active = active.to(self.model.device, torch.bool)
+        self.lm_gen.set_exec_mask(active)
+        out = self.lm_gen.step(user_codes.to(self.model.device, torch.long)[:, :, None])
+        self.steps += 1
+        results: list[StepResult | None] = []
+        for slot, is_active in enumerate(active.tolist()):
+            if not is_active:
+                results.append(None)
+            elif out is None or int(out[slot, 0, 0]) == self.model.lm.ungenerated_token_id:
+                results.append(StepResult(None, None))
+            else:
+                results.append(StepResult(int(out[slot, 0, 0]), out[slot, 1 : 1 + self.span.agent_codebooks, 0]))
+        return results
+
+    @torch.no_grad()
+    def inject_slot(self, slot: int, block: Block) -> None:
+        """Inject a span for one slot; every other slot is masked and left exactly as it was."""
+        self._require_running("inject_slot")
+        if self.slot_offset(slot) == 0:
+            raise EngineStateError(f"inject before slot {slot}'s first step")
+        self.lm_gen.set_exec_mask(self._one_hot(slot))
+        self._force(block)
+
+    def _one_hot(self, slot: int) -> torch.Tensor:
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} out of range 0..{self.slots - 1}")
+        mask = torch.zeros(self.slots, dtype=torch.bool, device=self.model.device)
+        mask[slot] = True
+        return mask
