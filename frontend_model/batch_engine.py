@@ -7,6 +7,8 @@ joins. Each session therefore produces what it would produce alone (tests/test_b
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from frontend_model.block import Block
@@ -21,6 +23,7 @@ from frontend_model.engine import (
     StepResult,
 )
 from frontend_model.loading import LoadedModel
+from frontend_model.row_view import single_row
 
 
 class BatchEngine(Engine):
@@ -37,6 +40,7 @@ class BatchEngine(Engine):
         if slots < 1:
             raise ValueError("a batch needs at least one slot")
         self.slots = slots
+        self._span_slot = 0
 
     def slot_offset(self, slot: int) -> int:
         return int(self._state().offsets[slot])
@@ -80,7 +84,14 @@ class BatchEngine(Engine):
         if self.slot_offset(slot) == 0:
             raise EngineStateError(f"inject before slot {slot}'s first step")
         self.lm_gen.set_exec_mask(self._one_hot(slot))
+        self._span_slot = slot
         self._force(block)
+
+    def _forward_span(self, inputs: torch.Tensor, state: Any) -> None:
+        """Only the injecting slot's row goes through the transformer: the others would be computed for nothing."""
+        slot = self._span_slot
+        with single_row(self.model.lm.transformer, slot):
+            self.model.lm.forward_text(inputs[slot : slot + 1], state.condition_sum, state.condition_cross)
 
     def _one_hot(self, slot: int) -> torch.Tensor:
         if not 0 <= slot < self.slots:

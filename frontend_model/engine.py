@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from moshi.models.lm import LMGen, scatter_with_mask_
@@ -255,10 +256,13 @@ class Engine:
         self.last_text_logits = logits.clone()
         logits[..., self._suppressed] = float("-inf")
 
+    def _forward_span(self, inputs: torch.Tensor, state: Any) -> None:
+        """The T=n forward that writes the block into the KV cache."""
+        self.model.lm.forward_text(inputs, state.condition_sum, state.condition_cross)
+
     def _force(self, block: Block) -> None:
         self._check_block(block)
         state = self._state()
-        lm = self.model.lm
         tokens = block.tokens.to(state.cache.device)[None].expand(state.batch_size, -1, -1)
         n = block.frames
         ring = state.cache
@@ -281,7 +285,7 @@ class Engine:
         is_init = positions <= self._delays[None, :, None]
         inputs = torch.where(is_init, state.initial, inputs)
 
-        lm.forward_text(inputs, state.condition_sum, state.condition_cross)
+        self._forward_span(inputs, state)
 
         # The ring after n forced steps: only the last `ring_len` steps' writes survive.
         mask = state.exec_mask[:, None, None]

@@ -109,18 +109,25 @@ def test_a_span_for_one_slot_leaves_the_other_caches_bit_for_bit(model: LoadedMo
         assert engine.slot_offset(0) == 60 + MAX_SPAN and engine.slot_offset(1) == 60
 
 
-def test_moshi_ring_alone_would_write_into_the_masked_rows(model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The reason for MaskedRingKVCache: moshi's ring writes a span's keys into every row."""
+def _masked_step_changes_row(model: LoadedModel) -> bool:
+    """Step both rows past the ring's capacity, then one tick with row 1 masked: did row 1's keys change?"""
+    with BatchEngine(model, 2, GREEDY, max_span_frames=MAX_SPAN) as engine:
+        frames = user_frames(60, seed=9)
+        for tick in range(59):
+            engine.step_slots(torch.stack([frames[tick], frames[58 - tick]]), torch.tensor([True, True]))
+        layers = attention_layers(model.lm.transformer)
+        before = [a._streaming_state.kv_cache.cache[:, 1].clone() for a in layers]
+        engine.step_slots(torch.stack([frames[59], frames[0]]), torch.tensor([True, False]))
+        return any(not torch.equal(a._streaming_state.kv_cache.cache[:, 1], b) for a, b in zip(layers, before,
+                                                                                               strict=True))
+
+
+def test_a_masked_slot_keeps_its_cache_bit_for_bit(model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MaskedRingKVCache holds back the writes moshi's ring makes into every row, masked or not."""
     from moshi.modules.transformer import RingKVCache
 
     from frontend_model import kv_ring
 
+    assert not _masked_step_changes_row(model)
     monkeypatch.setattr(kv_ring, "MaskedRingKVCache", RingKVCache)
-    with BatchEngine(model, 2, GREEDY, max_span_frames=MAX_SPAN) as engine:
-        frames = user_frames(60, seed=9)
-        for tick in range(60):
-            engine.step_slots(torch.stack([frames[tick], frames[59 - tick]]), torch.tensor([True, True]))
-        layer = attention_layers(model.lm.transformer)[0]
-        before = layer._streaming_state.kv_cache.cache[:, 1].clone()
-        engine.inject_slot(0, span_like_block(engine, MAX_SPAN, seed=1))
-        assert not torch.equal(layer._streaming_state.kv_cache.cache[:, 1], before)
+    assert _masked_step_changes_row(model), "moshi's own ring writes into the masked row"

@@ -1,0 +1,82 @@
+"""`contextspan bench batch`: cost of one batched tick (Mimi encode + LM step + Mimi decode for B sessions), P50 /
+P99 per batch size, without and with one span injected per tick."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.report import machine_info, save_json
+from benchmarks.span_latency import span_of_frames, summarise
+from frontend_model.batch_engine import BatchEngine
+from frontend_model.codec import BatchFrameCodec
+from frontend_model.engine import GREEDY, device_sync, time_call
+from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
+from frontend_model.profiles import PROFILES
+
+WARM_TICKS = 5
+
+
+def measure(model: LoadedModel, slots: int, ticks: int, span_frames: int) -> list[float]:
+    sync = device_sync(model.device)
+    rng = np.random.default_rng(slots)
+    pcm = (0.1 * rng.standard_normal((slots, FRAME_SAMPLES))).astype(np.float32)
+    active = torch.ones(slots, dtype=torch.bool)
+    block = span_of_frames(model, span_frames) if span_frames else None
+    codec = BatchFrameCodec(model.mimi, slots)
+    codec.open()
+    try:
+        with BatchEngine(model, slots, GREEDY, max_span_frames=max(span_frames, 1)) as engine:
+            tick_no = 0
+
+            def tick() -> None:
+                nonlocal tick_no
+                if block is not None and tick_no > 0:
+                    engine.inject_slot(tick_no % slots, block)
+                outs = engine.step_slots(codec.encode(pcm, active), active)
+                codes = torch.stack([o.agent_codes if o and o.agent_codes is not None
+                                     else torch.zeros(8, dtype=torch.long) for o in outs])
+                codec.decode(codes, active)
+                tick_no += 1
+
+            for _ in range(WARM_TICKS):
+                tick()
+            return [time_call(tick, sync) for _ in range(ticks)]
+    finally:
+        codec.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="contextspan bench batch", description=__doc__)
+    parser.add_argument("--profile", default="tiny", choices=PROFILES)
+    parser.add_argument("--checkpoint", default=None)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--sessions", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16])
+    parser.add_argument("--span-frames", type=int, default=64, help="frames of the span injected per tick")
+    parser.add_argument("--ticks", type=int, default=100)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    model = load_model(args.profile, args.checkpoint, device=args.device)
+    rows: list[dict[str, Any]] = []
+    print(f"{'B':>4} | tick P50 (ms) | tick P99 (ms) | +span({args.span_frames}) P50 | +span P99")
+    for slots in args.sessions:
+        plain = summarise(measure(model, slots, args.ticks, 0))
+        spanned = summarise(measure(model, slots, args.ticks, args.span_frames))
+        rows.append({"sessions": slots, "tick": plain, "tick_with_span": spanned})
+        print(f"{slots:>4} | {plain['p50_ms']:13.2f} | {plain['p99_ms']:13.2f} | {spanned['p50_ms']:14.2f} | "
+              f"{spanned['p99_ms']:9.2f}", flush=True)
+    base = next((r["tick"]["p50_ms"] for r in rows if r["sessions"] == 1), None)
+    for row in rows:
+        row["p50_vs_one_session"] = row["tick"]["p50_ms"] / base if base else None
+    save_json(args.json, {"benchmark": "batch", "profile": args.profile, "span_frames": args.span_frames,
+                          "machine": machine_info(str(model.device)), "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
