@@ -219,7 +219,7 @@ class Engine:
         self.steps += block.frames
 
     # internals -----------------------------------------------------------------------------------------
-    def _state(self):
+    def _state(self) -> Any:
         state = self.lm_gen._streaming_state
         if state is None:
             raise EngineStateError("engine not started")
