@@ -24,7 +24,7 @@ import numpy as np
 from benchmarks.report import machine_info, save_json
 from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, load_model
 from server.backend import Backend
-from server.client import free_port
+from server.client import free_port, load_wav
 from server.offline import OfflineSession
 from server.settings import ServerSettings
 
@@ -43,11 +43,9 @@ def speech(count: int, tmp: Path) -> tuple[np.ndarray, set[int]]:
     chunks: list[np.ndarray] = [np.zeros(SAMPLE_RATE // 2, np.float32)]
     rets: set[int] = set()
     for i in range(count):
-        raw, wav = tmp / f"q{i}.raw.wav", tmp / f"q{i}.wav"
-        subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(raw), QUESTIONS[i % len(QUESTIONS)]], check=True)
-        subprocess.run(["sox", str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(wav)], check=True)
-        data = np.frombuffer(wav.read_bytes()[44:], dtype="<i2").astype(np.float32) / 32768
-        chunks.append(data)
+        wav = tmp / f"q{i}.wav"
+        subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(wav), QUESTIONS[i % len(QUESTIONS)]], check=True)
+        chunks.append(load_wav(str(wav)))
         rets.add(sum(map(len, chunks)) // FRAME_SAMPLES + 15)
         chunks.append(np.zeros(int(SAMPLE_RATE * 2.5), np.float32))
     return np.concatenate(chunks), rets

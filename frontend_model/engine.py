@@ -107,6 +107,8 @@ class Engine:
         self.max_span_frames = max_span_frames
         self.cost = cost
         self.frame_budget_s = frame_budget_s
+        # Most frames a span may have so that its prefill and the next step keep the frame slot (fixed per engine).
+        self.span_frame_cap = cost.max_frames(frame_budget_s, max_span_frames) if cost else max_span_frames
         self._forbidden = forbidden_ids(model.tokenizer, model.span)
         suppressed = sorted(model.suppressed_text_ids)
         self._suppressed = torch.tensor(suppressed, device=model.device) if suppressed else None
@@ -161,12 +163,6 @@ class Engine:
         """Frames the model has consumed so far (steps plus injected frames)."""
         return int(self._state().offsets[0])
 
-    @property
-    def span_frame_cap(self) -> int:
-        """Most frames a span may have so that its prefill and the next step keep the frame slot."""
-        if self.cost is None:
-            return self.max_span_frames
-        return self.cost.max_frames(self.frame_budget_s, self.max_span_frames)
 
     def prepare_span(self, text: str) -> SpanBuild:
         """Backend text -> block within the frame cap (cut at a word boundary, reported in the result).

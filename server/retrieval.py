@@ -86,6 +86,7 @@ class Retrieval:
         self.config = config or RetrievalConfig()
         self._task: asyncio.Task[None] | None = None
         self._last_question_at = 0.0
+        self._agent_pieces: list[str] = []
 
     def feed(self, pcm: np.ndarray) -> None:
         if self.asr is not None:
@@ -97,12 +98,20 @@ class Retrieval:
                                    start=transcript.start_s, end=transcript.end_s))
         if not transcript.final:
             return
+        self._flush_agent_turn()
         self.store.add_turn(self.user_id, self.session_id, "user", transcript.text)
         if self.config.trigger == "asr" and is_question(transcript.text):
             self.trigger()
 
-    def on_agent_text(self, text: str) -> None:
-        self.store.add_turn(self.user_id, self.session_id, "agent", text)
+    def on_agent_text(self, piece: str) -> None:
+        """The model speaks a text piece a frame: pieces gather into one agent turn, stored when the user speaks."""
+        self._agent_pieces.append(piece)
+
+    def _flush_agent_turn(self) -> None:
+        text = "".join(self._agent_pieces).strip()
+        self._agent_pieces.clear()
+        if text:
+            self.store.add_turn(self.user_id, self.session_id, "agent", text)
 
     @property
     def in_flight(self) -> bool:
@@ -125,6 +134,7 @@ class Retrieval:
                 await self._task
         if self.asr is not None:
             await self.asr.close()
+        self._flush_agent_turn()
 
     async def _retrieve(self, triggered: float) -> None:
         with tracer.start_as_current_span("retrieval", attributes={"session_id": self.session_id}):
@@ -135,7 +145,7 @@ class Retrieval:
         try:
             started = time.perf_counter()
             with tracer.start_as_current_span("question"):
-                question, asr_ms = await self._pick_question(triggered)
+                question, asr_ms = await self._pick_question()
             timings["question_ms"] = (time.perf_counter() - started) * 1e3
             if asr_ms:
                 timings["asr_ms"] = asr_ms
@@ -162,7 +172,7 @@ class Retrieval:
             logger.exception("retrieval failed in session %s", self.session_id)
             self._dropped(f"backend error: {type(exc).__name__}: {exc}", triggered, timings)
 
-    async def _pick_question(self, triggered: float) -> tuple[str, float]:
+    async def _pick_question(self) -> tuple[str, float]:
         """A fresh final utterance; else wait briefly for the final; else transcribe the last seconds heard."""
         if self.asr is None:
             return "", 0.0

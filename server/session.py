@@ -311,6 +311,8 @@ class Session:
             return
         self.outbound.put(Outgoing("binary", p.text_message(piece)))
         self.emit(p.AgentText(t=t, text=piece, frame=frame))
+        if self.retrieval is not None:
+            self.retrieval.on_agent_text(piece)
 
     # retrieval ---------------------------------------------------------------------------------------------
     def _retrieve(self, frame: int, t: float) -> None:

@@ -89,3 +89,18 @@ def test_no_speech_gives_a_dropped_span(transcriber: WhisperTranscriber) -> None
     assert answers == []
     dropped = [e for e in events if isinstance(e, p.SpanDropped) and "in flight" not in e.reason]
     assert dropped and dropped[0].reason in ("no question heard", "no built-in tool answers this (no LLM configured)")
+
+
+def test_agent_pieces_become_one_turn_before_the_users_next_utterance() -> None:
+    from backend_agent.asr.streaming import Transcript
+
+    store = ContextStore(":memory:")
+    retrieval = Retrieval("s1", "u1", Agent(build_catalogue()), store, None, lambda a: None, lambda e: None,
+                          lambda: 0.0)
+    for piece in [" It", " is", " nine", "."]:
+        retrieval.on_agent_text(piece)
+    retrieval.on_transcript(Transcript("Thanks!", True, 0.0, 1.0, 0.0))
+    retrieval.on_agent_text(" Bye")
+    asyncio.run(retrieval.close())
+    assert [(t.role, t.text) for t in store.turns("s1")] == [("agent", "It is nine."), ("user", "Thanks!"),
+                                                             ("agent", "Bye")]
