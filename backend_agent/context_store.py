@@ -129,6 +129,12 @@ class ContextStore:
                 "INSERT INTO notes (user_id, text, created) VALUES (?, ?, ?)", (user_id, text, self._clock())
             )
 
+    def forget_user(self, user_id: str) -> None:
+        """Everything kept for `user_id`: for an anonymous session, whose id no later session can ask for."""
+        with self._lock, self._db:
+            for table in ("profiles", "notes", "turns", "tool_results"):
+                self._db.execute(f"DELETE FROM {table} WHERE user_id = ?", (user_id,))
+
     def add_turn(self, user_id: str, session_id: str, role: Role, text: str) -> Turn:
         turn = Turn(session_id=session_id, user_id=user_id, role=role, text=text, timestamp=self._clock())
         with self._lock, self._db:

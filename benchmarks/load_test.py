@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +20,7 @@ import numpy as np
 import psutil
 
 from benchmarks.report import machine_info, save_json
-from server.client import StreamResult, chat_url, free_port, load_wav, stream
+from server.client import StreamResult, chat_url, load_wav, speak, start_server, stop_server, stream
 from server.protocol import FRAME_SAMPLES, SAMPLE_RATE
 
 SPEECH = "Hello, this is a load test of the real time voice agent server. What is the weather like in Paris today?"
@@ -44,38 +40,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def speech_pcm(wav: Path | None, seconds: float, workdir: Path) -> np.ndarray:
-    if wav is None and shutil.which("espeak-ng"):
-        wav = workdir / "speech.wav"
-        subprocess.run(["espeak-ng", "-w", str(wav), SPEECH], check=True)
     if wav is not None:
         pcm = load_wav(str(wav))
+    elif shutil.which("espeak-ng"):
+        pcm = speak(SPEECH, workdir / "speech.wav")
     else:
         t = np.arange(SAMPLE_RATE * 3) / SAMPLE_RATE
         pcm = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
     frames = int(seconds * SAMPLE_RATE / FRAME_SAMPLES)
     return np.resize(pcm, frames * FRAME_SAMPLES).astype(np.float32)
-
-
-def start_server(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--profile", args.profile,
-           "--max-sessions", str(args.sessions), "--recordings-dir", str(workdir / "recordings"),
-           "--log-level", "warning", "--asr" if args.asr else "--no-asr"]
-    log = (workdir / "server.log").open("wb")
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, NO_TORCH_COMPILE="1"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"server exited: {(workdir / 'server.log').read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    process.kill()
-    raise SystemExit("server not ready within 300 s")
 
 
 async def drive(url: str, sessions: int, pcm: np.ndarray, pid: int | None) -> tuple[list[StreamResult], dict]:
@@ -151,14 +124,16 @@ def main(argv: list[str]) -> int:
         process = None
         url = args.url
         if url is None:
-            process, url = start_server(args, workdir)
+            process, url = start_server(
+                workdir, "--profile", args.profile, "--max-sessions", str(args.sessions),
+                "--recordings-dir", str(workdir / "recordings"), "--log-level", "warning",
+                "--asr" if args.asr else "--no-asr")
         try:
             results, samples = asyncio.run(drive(url, args.sessions, pcm, process.pid if process else None))
             metrics = httpx.get(f"{url}/metrics", timeout=5).text
         finally:
             if process is not None:
-                process.terminate()
-                process.wait(timeout=30)
+                stop_server(process)
     result = report(args, results, samples, metrics)
     lat = result["latency_ms"]
     print(f"{args.sessions} sessions x {args.seconds:.0f} s ({args.profile}): frame latency p50 {lat['p50']} ms, "

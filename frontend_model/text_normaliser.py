@@ -200,8 +200,8 @@ def _read_money(m: re.Match[str]) -> str:
         scale = m["scale"].strip()
         return f"{sign}{_amount(integer, fraction)} {_SCALES.get(scale.lower(), scale)} {many}"
     if fraction is not None and len(fraction) == 2 and minor_one:
-        major, minor = int(integer), int(fraction)
-        parts = [f"{_integer(integer)} {one if major == 1 else many}"] if major or not minor else []
+        minor = int(fraction)  # `integer` stays a string: int() refuses more than 4300 digits
+        parts = [f"{_integer(integer)} {one if integer == '1' else many}"] if integer != "0" or not minor else []
         if minor:
             parts.append(f"{_integer(str(minor))} {minor_one if minor == 1 else minor_many}")
         return sign + " and ".join(parts)

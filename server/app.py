@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastapi import FastAPI, HTTPException, WebSocket
+from fastapi import FastAPI, HTTPException, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.websockets import WebSocketDisconnect
@@ -17,13 +17,15 @@ from starlette.websockets import WebSocketDisconnect
 from frontend_model.calibration import calibrate_prefill
 from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, PrefillCost
 from frontend_model.loading import LoadedModel, ModelLoadError, load_model
+from server import auth
 from server import protocol as p
 from server.backend import Backend
 from server.json_logging import session_id_var
+from server.limits import ConnectionsPerAddress
 from server.metrics import Metrics
 from server.model_session import PersonaError, warm_up
 from server.recording import recording_path
-from server.session import Session, SessionOptions
+from server.session import Session, SessionEnd, SessionOptions
 from server.settings import ServerSettings
 from server.worker import ModelWorker, SlotPool
 
@@ -50,22 +52,56 @@ class ServerState:
     cost: PrefillCost | None = None
     backend: Backend | None = None
     sessions: dict[str, Session] = field(default_factory=dict)
+    tokens: auth.TokenIssuer = field(init=False)
+    signer: auth.RecordingSigner = field(default_factory=auth.RecordingSigner)
+    connections: ConnectionsPerAddress = field(init=False)
+    draining: bool = False
+
+    def __post_init__(self) -> None:
+        self.tokens = auth.TokenIssuer(self.settings.token_ttl_s)
+        self.connections = ConnectionsPerAddress(self.settings.max_connections_per_ip)
 
     def ready(self) -> bool:
         return self.pool is not None and self.worker is not None
 
+    async def drain(self, grace_s: float) -> None:
+        """SIGTERM: refuse new sessions, warn the live ones, let them run, close what is left before the grace ends.
 
-async def load_into(state: ServerState, preloaded: LoadedModel | None) -> None:
-    """Load, copy per slot and warm up off the event loop, so /healthz answers while a big model loads."""
+        Closing goes through each session's normal teardown, so recordings are complete when this returns.
+        """
+        self.draining = True
+        logger.info("draining %d session(s) within %.1f s", len(self.sessions), grace_s)
+        close_margin = min(1.0, grace_s / 2)
+        for session in list(self.sessions.values()):
+            session.notify_ending("server_shutdown", grace_s - close_margin)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s - close_margin
+        while self.sessions and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for session in list(self.sessions.values()):
+            session.end(p.CLOSE_GOING_AWAY, p.close_reason("server_shutdown", "the server is shutting down"))
+        while self.sessions and loop.time() < deadline + close_margin:
+            await asyncio.sleep(0.02)
+
+
+async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callable[[], LoadedModel] | None:
+    """Load, copy per slot and warm up off the event loop, so /healthz answers while a big model loads.
+
+    Returns how to make one more slot's model (for the worker watchdog), or None when nothing loaded.
+    """
     settings = state.settings
     try:
         import torch
 
         torch.set_num_threads(settings.torch_threads)
         profile, checkpoint = settings.resolved_profile(torch.cuda.is_available())
-        model = preloaded or await asyncio.to_thread(
-            load_model, profile, checkpoint, settings.device, None, None, settings.seed
-        )
+        if preloaded is not None:
+            profile = preloaded.profile
+
+        def load() -> LoadedModel:
+            return load_model(profile, checkpoint, settings.device, None, None, settings.seed)
+
+        model = preloaded or await asyncio.to_thread(load)
         slots = settings.resolved_max_sessions(model.profile)
         worker = ModelWorker(str(model.device))
         state.cost = await worker.run(lambda: calibrate_prefill(model, DEFAULT_MAX_SPAN_FRAMES))
@@ -77,17 +113,48 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> None:
     except ModelLoadError as exc:
         state.load_error = str(exc)
         logger.error("model not loaded: %s", exc)
-        return
+        return None
     except Exception as exc:  # CUDA out of memory, a corrupt file...: say so on /readyz and the page
         state.load_error = f"{type(exc).__name__}: {exc}"
         logger.exception("model not loaded")
-        return
+        return None
     if model.random_weights:
         logger.warning(RANDOM_WEIGHTS_BANNER.format(profile=model.profile))
     logger.info("serving %s on %s with %d session slot(s)", model.description, model.device, slots)
     state.model, state.worker = model, worker
     state.metrics.session_slots.set(slots)
     state.pool = pool
+    return load
+
+
+async def watch_worker(state: ServerState, make_model: Callable[[], LoadedModel]) -> None:
+    """Restart a worker stuck in one call for `worker_stall_s`: every session on it would miss every deadline.
+
+    The sessions close with 1011 (their queued steps never ran), the stuck call's model is written off and
+    replaced by a fresh one, so the server serves its full slot count again.
+    """
+    stall_s = state.settings.worker_stall_s
+    while True:
+        await asyncio.sleep(min(0.5, stall_s / 4))
+        worker, pool = state.worker, state.pool
+        if worker is None or pool is None:
+            continue
+        busy_s, session_id = worker.busy_for()
+        if busy_s < stall_s:
+            continue
+        logger.error("model worker stuck for %.1f s in session %s: restarting it", busy_s, session_id)
+        state.metrics.worker_restarts.inc()
+        stuck = state.sessions.get(session_id or "")
+        if stuck is not None:
+            pool.forget(stuck.model)
+        worker.restart()
+        for session in list(state.sessions.values()):
+            session.end(p.CLOSE_INTERNAL, p.close_reason("worker_restarted", "the model worker stalled"))
+        if stuck is not None:
+            model = await asyncio.to_thread(make_model)
+            await worker.run(lambda m=model: warm_up(m))
+            pool.add(model)
+            logger.info("model worker restarted; slot replaced")
 
 
 def create_app(settings: ServerSettings | None = None, model: LoadedModel | None = None) -> FastAPI:
@@ -97,7 +164,12 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        loader = asyncio.create_task(load_into(state, model))
+        async def load_and_watch() -> None:
+            make_model = await load_into(state, model)
+            if make_model is not None:
+                await watch_worker(state, make_model)
+
+        loader = asyncio.create_task(load_and_watch())
         try:
             yield
         finally:
@@ -117,7 +189,7 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         info = _info(state)
-        ok = state.ready() and info["free_slots"] > 0
+        ok = state.ready() and info["free_slots"] > 0 and not state.draining
         return JSONResponse(info, status_code=200 if ok else 503)
 
     @app.get("/api/info")
@@ -129,9 +201,23 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
         state.metrics.sessions_active.set(len(state.sessions))
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    @app.post("/api/token")
+    async def token(request: Request) -> JSONResponse:
+        """Trade an operator API key for a single-use session token that a page or app spends on /api/chat."""
+        if not settings.api_keys:
+            return JSONResponse({"error": "auth_off", "message": "no API keys are configured: /api/chat needs "
+                                 "no token"}, status_code=404)
+        if not auth.api_key_ok(auth.bearer(request.headers), settings.api_keys):
+            return JSONResponse({"error": "bad_api_key", "message": "send Authorization: Bearer <API key>"},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return JSONResponse({"token": state.tokens.issue(), "expires_in": settings.token_ttl_s})
+
     @app.get("/api/recordings/{name}")
-    async def recording(name: str) -> FileResponse:
+    async def recording(name: str, request: Request, sig: str | None = None) -> FileResponse:
         stem, dot, suffix = name.rpartition(".")
+        if settings.api_keys and not (auth.api_key_ok(auth.bearer(request.headers), settings.api_keys)
+                                      or state.signer.verify(stem, sig)):
+            raise HTTPException(401, "recordings need an API key or the signed link from session.ready")
         path = recording_path(settings.recordings_dir, stem, dot + suffix) if settings.recordings else None
         if path is None:
             raise HTTPException(404, "no such recording")
@@ -139,12 +225,50 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
 
     @app.websocket("/api/chat")
     async def chat(ws: WebSocket) -> None:
-        await ws.accept()
-        await serve_session(ws, state)
+        address = ws.client.host if ws.client else "unknown"
+        refusal = admission_refusal(ws, state)
+        if refusal is not None:
+            await deny(ws, state, *refusal)
+            return
+        if not state.connections.enter(address):
+            await deny(ws, state, 429, "too_many_connections",
+                       f"at most {settings.max_connections_per_ip} connections per address")
+            return
+        try:
+            if settings.api_keys:
+                check = state.tokens.redeem(auth.session_token(ws.query_params, ws.headers))
+                if check is not auth.TokenCheck.OK:
+                    await deny(ws, state, 401, f"token_{check.value}", TOKEN_HELP[check])
+                    return
+            await ws.accept(subprotocol=auth.accepted_subprotocol(ws.headers))
+            await serve_session(ws, state)
+        finally:
+            state.connections.leave(address)
 
     if settings.web_client and WEB_CLIENT_DIR.is_dir():
         app.mount("/", StaticFiles(directory=WEB_CLIENT_DIR, html=True), name="web_client")
     return app
+
+
+TOKEN_HELP = {
+    auth.TokenCheck.MISSING: "this server needs a session token from POST /api/token",
+    auth.TokenCheck.UNKNOWN: "unknown or already used session token: each token opens one session",
+    auth.TokenCheck.EXPIRED: "session token expired: get a fresh one from POST /api/token",
+}
+
+
+def admission_refusal(ws: WebSocket, state: ServerState) -> tuple[int, str, str] | None:
+    """(HTTP status, error, message) for an upgrade refused before any token is spent, or None."""
+    if not auth.origin_allowed(ws.headers.get("origin"), ws.headers.get("host"), state.settings.allowed_origins):
+        return 403, "origin_not_allowed", "this origin may not open sessions (see allowed_origins)"
+    return None
+
+
+async def deny(ws: WebSocket, state: ServerState, status: int, error: str, message: str) -> None:
+    """Refuse the upgrade with an HTTP status and a JSON body, which clients can read, unlike a bare 403."""
+    state.metrics.sessions.labels(f"refused_{error}").inc()
+    logger.info("refused a WebSocket from %s: %s", ws.client.host if ws.client else "?", error)
+    await ws.send_denial_response(JSONResponse({"error": error, "message": message}, status_code=status))
 
 
 def _info(state: ServerState) -> dict[str, object]:
@@ -165,11 +289,17 @@ def _info(state: ServerState) -> dict[str, object]:
         "llm": bool(state.backend and state.backend.llm),
         "mcp_error": state.backend.mcp_error if state.backend else None,
         "trigger": state.settings.trigger,
+        "auth": bool(state.settings.api_keys),
+        "draining": state.draining,
     }
 
 
 async def serve_session(ws: WebSocket, state: ServerState) -> None:
     settings, metrics = state.settings, state.metrics
+    if state.draining:
+        metrics.sessions.labels("refused_draining").inc()
+        await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason("draining", "the server is shutting down"))
+        return
     if not state.ready() or state.model is None or state.pool is None or state.worker is None:
         metrics.sessions.labels("refused_loading").inc()
         reason = state.load_error or "the model is still loading"
@@ -191,13 +321,15 @@ async def serve_session(ws: WebSocket, state: ServerState) -> None:
         # Every session's step shares the one worker inside a frame: a span gets its share of the deadline.
         span_budget_s = settings.deadline_ms / 1e3 / state.pool.size
         session = Session(ws, settings, model, state.worker, metrics, options, state.cost, span_budget_s,
-                          state.backend, ws.query_params.get("user"))
+                          state.backend, ws.query_params.get("user"), state.signer if settings.api_keys else None)
         session_id_var.set(session.id)
         state.sessions[session.id] = session
         metrics.sessions.labels("accepted").inc()
         await session.run()
     except PersonaError as exc:
         code, reason = p.CLOSE_POLICY, p.close_reason("bad_persona", str(exc))
+    except SessionEnd as end:
+        code, reason = end.code, end.reason
     except (WebSocketDisconnect, OSError):  # the client left (uvicorn's ClientDisconnected is an OSError)
         pass
     except RuntimeError as exc:

@@ -9,14 +9,14 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from backend_agent.agent import Agent
 from backend_agent.asr.streaming import StreamingASR
 from backend_agent.asr.transcriber import ASRLoadError
-from backend_agent.asr.worker_process import start_asr_process, transcribe
+from backend_agent.asr.worker_process import ASRProcess, start_asr_process, transcribe
 from backend_agent.context_store import ContextStore, Profile
 from backend_agent.llm_client import ChatClient, LLMConfig
 from backend_agent.tools import build_catalogue
@@ -50,7 +50,7 @@ def tool_choice(setting: str) -> str | dict[str, Any]:
 @dataclass
 class Backend:
     settings: ServerSettings
-    asr_process: ProcessPoolExecutor | None  # Whisper, loaded in its own process (see worker_process)
+    asr_process: ASRProcess | None  # Whisper in its own process, replaced if it dies (see worker_process)
     store: ContextStore
     knowledge: KnowledgeBase | None
     llm: ChatClient | None

@@ -48,20 +48,21 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 
 BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
-              "retrieval": "benchmarks.retrieval_latency", "batch": "benchmarks.batch_ticks"}
+              "retrieval": "benchmarks.retrieval_latency", "batch": "benchmarks.batch_ticks", "soak": "benchmarks.soak"}
 
 
 def serve(settings: ServerSettings) -> int:
-    import uvicorn
-
     from server.app import create_app
+    from server.auth import public_bind_problem
+    from server.draining import DrainingServer
 
     configure_logging(settings.log_level, settings.log_json)
-    config = uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None,
-        ws_max_size=settings.max_message_bytes, ws="websockets-sansio", lifespan="on",
-    )
-    uvicorn.Server(config).run()
+    problem = public_bind_problem(settings.host, settings.api_keys, settings.allow_public_without_auth)
+    if problem is not None:
+        print(f"contextspan: {problem}", file=sys.stderr)
+        return 2
+    app = create_app(settings)
+    DrainingServer(app, settings).run()
     return 0
 
 

@@ -1,17 +1,22 @@
 """A small Python client of the /api/chat protocol, streaming PCM as Ogg Opus in real time.
 
-The e2e tests and `contextspan bench load` use it; it speaks exactly what a Moshi client speaks, plus the
-opt-in JSON events when asked.
+The e2e tests and the benchmarks use it; it speaks exactly what a Moshi client speaks, plus the opt-in JSON events
+when asked. The benchmarks also start their server and make their speech with the helpers at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import sphn
 import websockets
@@ -57,17 +62,20 @@ async def stream(
     pcm: np.ndarray,
     tail_s: float = 0.6,
     pause_reading_s: tuple[float, float] | None = None,
+    token: str | None = None,
 ) -> StreamResult:
     """Send `pcm` (24 kHz float32) one 80 ms Ogg Opus page at a time, paced by an absolute schedule, and
-    collect everything the server sends until `tail_s` after the last frame.
+    collect everything the server sends until `tail_s` after the last frame, or until the server closes.
 
     `pause_reading_s=(start, length)` stops reading for `length` seconds from `start`, as a stalled client.
+    `token` is a session token from POST /api/token, sent as an app does: `Authorization: Bearer`.
     """
     result = StreamResult()
     writer, reader = sphn.OpusStreamWriter(SAMPLE_RATE), sphn.OpusStreamReader(SAMPLE_RATE)
     frames = len(pcm) // FRAME_SAMPLES
     t0 = time.perf_counter()
-    async with websockets.connect(url, max_size=2**22, open_timeout=30) as ws:
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    async with websockets.connect(url, max_size=2**22, open_timeout=30, additional_headers=headers) as ws:
         first = await asyncio.wait_for(ws.recv(), timeout=120)
         if first != p.handshake():
             raise AssertionError(f"expected the handshake first, got {first[:20]!r}")
@@ -78,7 +86,10 @@ async def stream(
             for i in range(frames):
                 await asyncio.sleep(max(0.0, start + i * FRAME_SAMPLES / SAMPLE_RATE - time.perf_counter()))
                 ogg = writer.append_pcm(pcm[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES].astype(np.float32))
-                await ws.send(p.audio_message(ogg))
+                try:
+                    await ws.send(p.audio_message(ogg))
+                except websockets.ConnectionClosed:
+                    return  # the server ended the session: what it sent, and its close code, are the result
                 result.frames_sent += 1
 
         async def receive() -> None:
@@ -101,7 +112,8 @@ async def stream(
         receiver = asyncio.create_task(receive())
         try:
             await send()
-            await asyncio.sleep(tail_s)
+            if ws.close_code is None:
+                await asyncio.sleep(tail_s)
         finally:
             receiver.cancel()
             await asyncio.gather(receiver, return_exceptions=True)
@@ -114,3 +126,43 @@ def load_wav(path: str) -> np.ndarray:
     """Any audio file -> 24 kHz mono float32."""
     data, _ = sphn.read(path, sample_rate=SAMPLE_RATE)
     return np.asarray(data, dtype=np.float32).mean(axis=0)
+
+
+def speak(text: str, wav: Path) -> np.ndarray:
+    """espeak-ng says `text` into `wav`; returns it as 24 kHz mono float32."""
+    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True)
+    return load_wav(str(wav))
+
+
+def start_server(workdir: Path, *flags: str, ready_timeout: float = 300.0) -> tuple[subprocess.Popen[bytes], str]:
+    """`contextspan serve *flags` on a free loopback port, logging to workdir/server.log; returns the process and
+    its http:// URL once /readyz says ready."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *flags]
+    log = workdir / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                   env=dict(os.environ, NO_TORCH_COMPILE="1"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    stop_server(process)
+    raise RuntimeError(f"server not ready within {ready_timeout:.0f} s: {log.read_text()[-2000:]}")
+
+
+def stop_server(process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """SIGTERM lets uvicorn close the sessions and the ASR process; SIGKILL only if that hangs."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -42,6 +42,10 @@ class Metrics:
             "contextspan_frames_dropped", "Frames dropped: oldest outgoing audio of slow clients, or input backlog",
             ["reason"], registry=r,
         )
+        self.worker_restarts = Counter(
+            "contextspan_worker_restarts", "Model workers restarted after a call stalled past worker_stall_s",
+            registry=r,
+        )
         self.protocol_errors = Counter(
             "contextspan_protocol_errors", "Bad client messages by code", ["code"], registry=r
         )

@@ -90,6 +90,8 @@ def parse_client_text(text: str) -> ClientMessage:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ProtocolError("invalid_json", f"text message is not JSON: {exc.msg} at {exc.pos}") from None
+    except (RecursionError, ValueError):  # nesting past the recursion limit; integers over 4300 digits
+        raise ProtocolError("invalid_json", "text message nests too deeply or holds too large a number") from None
     if not isinstance(data, dict) or "type" not in data:
         raise ProtocolError("invalid_message", "a JSON message must be an object with a 'type'")
     if data["type"] != "session.update":
@@ -189,6 +191,14 @@ class ErrorEvent(ServerEvent):
     message: str
 
 
+class SessionEnding(ServerEvent):
+    """The server will close this session in `in_s` seconds: the duration cap, or a server shutting down."""
+
+    type: Literal["session.ending"] = "session.ending"
+    reason: Literal["max_duration", "server_shutdown"]
+    in_s: float
+
+
 class Stats(ServerEvent):
     """Once a second: what happened in the last second, and running totals."""
 
@@ -204,7 +214,7 @@ class Stats(ServerEvent):
 
 Event = Annotated[
     SessionReady | SessionUpdated | AgentText | UserTranscript | Retrieval | Question | SpanInjected
-    | SpanDropped | ErrorEvent | Stats,
+    | SpanDropped | ErrorEvent | SessionEnding | Stats,
     Field(discriminator="type"),
 ]
 _event_adapter: TypeAdapter[Event] = TypeAdapter(Event)
@@ -227,14 +237,27 @@ def event_record(event: ServerEvent, wall_time: float) -> dict[str, Any]:
 # close codes -------------------------------------------------------------------------------------------------
 
 CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_UNSUPPORTED = 1003
+CLOSE_BAD_DATA = 1007
 CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_INTERNAL = 1011
 CLOSE_TRY_AGAIN = 1013
 
 
+# Error codes about what kind of message was sent; the others are about a message's content.
+_UNSUPPORTED_CODES = frozenset({"empty_message", "unknown_kind", "unexpected_kind", "unknown_type"})
+
+
+def abuse_close_code(error_code: str) -> int:
+    """The close code for a client that keeps sending bad messages, by the kind of the last one."""
+    return CLOSE_UNSUPPORTED if error_code in _UNSUPPORTED_CODES else CLOSE_BAD_DATA
+
+
 def close_reason(code: str, message: str) -> str:
     """A JSON close reason that fits the 123-byte limit of a WebSocket close frame."""
+    message = message[:123]
     reason = json.dumps({"error": code, "message": message}, separators=(",", ":"))
     while len(reason.encode()) > 123 and message:
         message = message[:-8]

@@ -25,6 +25,7 @@ from server import protocol as p
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("contextspan.server")
+LATE_MARGIN_S = 0.25
 
 _QUESTION_START = re.compile(
     r"^(what|what's|whats|when|where|who|whom|whose|which|why|how|is|are|am|was|were|do|does|did|can|could|"
@@ -134,14 +135,30 @@ class Retrieval:
                 await self._task
         if self.asr is not None:
             await self.asr.close()
-        self._flush_agent_turn()
+        if self.user_id == self.session_id:
+            # Anonymous: nothing can ask for this history again (the session's transcript file keeps it), and a
+            # server that took every anonymous session's turns to the grave grew without bound.
+            self.store.forget_user(self.user_id)
+        else:
+            self._flush_agent_turn()
 
     async def _retrieve(self, triggered: float) -> None:
         with tracer.start_as_current_span("retrieval", attributes={"session_id": self.session_id}):
             await self._retrieve_traced(triggered)
 
     async def _retrieve_traced(self, triggered: float) -> None:
+        """Bounded by the span deadline as a whole: a slow ASR or LLM ends in a prompt `span.dropped`, not in an
+        answer that arrives (and is dropped) seconds later, or never. The agent times its own calls to the same
+        deadline and names what was slow; the margin lets its reason win."""
         timings: dict[str, float] = {}
+        deadline_s = self.config.deadline_s
+        try:
+            async with asyncio.timeout(deadline_s + LATE_MARGIN_S - (time.perf_counter() - triggered)):
+                await self._answer(triggered, timings)
+        except TimeoutError:
+            self._dropped(f"late: no answer within {deadline_s:g} s of the request", triggered, timings)
+
+    async def _answer(self, triggered: float, timings: dict[str, float]) -> None:
         try:
             started = time.perf_counter()
             with tracer.start_as_current_span("question"):
@@ -157,6 +174,8 @@ class Retrieval:
             context = self.store.working_context(self.user_id, self.session_id, self.config.context_turns,
                                                  self.config.context_chars)
             remaining = self.config.deadline_s - (time.perf_counter() - triggered)
+            if remaining <= 0:
+                raise TimeoutError
             result = await self.agent.answer(question, context, remaining)
             timings.update(result.timings_ms)
             if result.answer is None:
@@ -166,7 +185,7 @@ class Retrieval:
             self.store.record_tool_result(self.user_id, self.session_id, answer.tool, {"question": question},
                                           ToolResult(answer.text, answer.source))
             self.on_answer(SpanAnswer(answer.text, answer.source, answer.tool, question, triggered, timings))
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, TimeoutError):
             raise
         except Exception as exc:  # the backend failing must cost one span, never the session
             logger.exception("retrieval failed in session %s", self.session_id)

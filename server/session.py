@@ -24,8 +24,11 @@ from backend_agent.context_store import Profile
 from frontend_model.engine import PrefillCost
 from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, LoadedModel
 from server import protocol as p
+from server.auth import RecordingSigner
 from server.backend import Backend
 from server.frame_clock import FrameAssembler, InputFrame
+from server.limits import AbuseCounter, RateLimiter
+from server.memory import trim_heap
 from server.metrics import Metrics
 from server.model_session import (
     FrameOutput,
@@ -50,6 +53,15 @@ _SKIPPED_TEXT_IDS = frozenset(range(4))
 
 def new_session_id() -> str:
     return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
+
+
+class SessionEnd(Exception):
+    """Ends a session with this close code and reason: a limit reached, a drain, a worker restart."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
 
 
 @dataclass
@@ -93,6 +105,7 @@ class Session:
         span_budget_s: float = 0.08,
         backend: Backend | None = None,
         user_id: str | None = None,
+        signer: RecordingSigner | None = None,
     ) -> None:
         """`cost` and `span_budget_s` let the engine cap spans so an injection keeps the frame deadline."""
         self.id = new_session_id()
@@ -117,6 +130,11 @@ class Session:
         self._second = _SecondStats()
         self._audio_messages_sent = 0
         self.input_dropped = 0
+        self.signer = signer
+        self.limiter = RateLimiter(settings.max_messages_per_s, 2 * settings.max_messages_per_s)
+        self.abuse = AbuseCounter(settings.max_protocol_errors)
+        self._end_requested = asyncio.Event()
+        self._end = SessionEnd(p.CLOSE_NORMAL, "")
 
     # public API for the backend ----------------------------------------------------------------------------
     def request_span(self, text: str, source: str | None = None, requested: float | None = None,
@@ -139,6 +157,14 @@ class Session:
         if self.options.events:
             self.outbound.put(Outgoing("text", p.encode_event(event)))
 
+    def notify_ending(self, reason: str, in_s: float) -> None:
+        self.emit(p.SessionEnding(t=self.assembler.stream_time, reason=reason, in_s=round(in_s, 3)))  # type: ignore[arg-type]
+
+    def end(self, code: int, reason: str) -> None:
+        """Ask the running session to close with `code` (from the event loop); teardown runs as for any close."""
+        self._end = SessionEnd(code, reason)
+        self._end_requested.set()
+
     # lifecycle ---------------------------------------------------------------------------------------------
     async def run(self) -> None:
         """Prefill, handshake, then stream until the client leaves; always ends with everything released."""
@@ -158,15 +184,15 @@ class Session:
             t=0.0, session_id=self.id, profile=self.model.profile, random_weights=self.model.random_weights,
             description=self.model.description, prefix_frames=prefix.frames if prefix else 0,
             prefill_ms=round(prefill_s * 1e3, 2),
-            recording={"wav": f"/api/recordings/{self.id}.wav", "transcript": f"/api/recordings/{self.id}.jsonl"}
-            if self.recording else None,
+            recording=self._recording_links() if self.recording else None,
         ))
         if self.backend is not None:
             self.retrieval = self.backend.retrieval_for(
                 self.id, self.user_id, self._on_answer, self.emit, lambda: self.assembler.stream_time,
                 self._on_backend_error)
         tasks = [asyncio.create_task(self._send_loop()), asyncio.create_task(self._frame_loop()),
-                 asyncio.create_task(self._stats_loop())]
+                 asyncio.create_task(self._stats_loop()), asyncio.create_task(self._duration_loop()),
+                 asyncio.create_task(self._wait_for_end())]
         receiver = asyncio.create_task(self._receive_loop())
         try:
             done, _ = await asyncio.wait([receiver, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -179,6 +205,22 @@ class Session:
             if self.retrieval is not None:
                 await self.retrieval.close()
 
+    def _recording_links(self) -> dict[str, str]:
+        query = f"?sig={self.signer.sign(self.id)}" if self.signer is not None else ""
+        return {"wav": f"/api/recordings/{self.id}.wav{query}", "transcript": f"/api/recordings/{self.id}.jsonl{query}"}
+
+    async def _wait_for_end(self) -> None:
+        await self._end_requested.wait()
+        raise self._end
+
+    async def _duration_loop(self) -> None:
+        cap, warning = self.settings.max_session_s, self.settings.session_end_warning_s
+        warn_at = max(0.0, cap - warning)
+        await asyncio.sleep(warn_at)
+        self.notify_ending("max_duration", cap - warn_at)
+        await asyncio.sleep(cap - warn_at)
+        raise SessionEnd(p.CLOSE_NORMAL, p.close_reason("max_duration", f"sessions last at most {cap:g} s"))
+
     def release(self, pool: SlotPool) -> None:
         """Close the model on the worker after any step in flight, then return the slot; never raises."""
         if self._span is not None:
@@ -188,10 +230,13 @@ class Session:
         self._emit_stats()  # the last partial second, for the transcript
 
         def close_model() -> None:
+            if pool.is_lost(self.model):  # a wedged worker thread may still be using it
+                return
             try:
                 self.model_session.close()
             finally:
                 pool.release(self.model)
+            trim_heap()
 
         self.worker.submit(close_model)
         if self.recording is not None:
@@ -211,6 +256,10 @@ class Session:
             message = await self.ws.receive()
             if message["type"] == "websocket.disconnect":
                 return
+            if not self.limiter.allow():
+                self.metrics.protocol_errors.labels("rate_limited").inc()
+                raise SessionEnd(p.CLOSE_POLICY, p.close_reason(
+                    "rate_limited", f"over {self.settings.max_messages_per_s:g} messages a second"))
             data = message.get("bytes")
             try:
                 if data is not None:
@@ -253,10 +302,13 @@ class Session:
 
     def _protocol_error(self, exc: p.ProtocolError) -> None:
         """Report a bad message and go on: Moshi clients may send kinds this server does not use (Kyutai's
-        server ignores them too), so nothing short of a protocol-level fault closes the socket."""
+        server ignores them too). Only a stream of them closes the socket: that client is broken or hostile."""
         self.metrics.protocol_errors.labels(exc.code).inc()
         logger.info("session %s: %s (%s)", self.id, exc, exc.code)
         self.emit(p.ErrorEvent(t=self.assembler.stream_time, code=exc.code, message=str(exc)))
+        if self.abuse.record():
+            message = f"over {self.abuse.limit} bad messages in {self.abuse.window_s:g} s, last: {exc.code}"
+            raise SessionEnd(p.abuse_close_code(exc.code), p.close_reason("too_many_errors", message))
 
     # frames ------------------------------------------------------------------------------------------------
     async def _frame_loop(self) -> None:

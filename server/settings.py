@@ -28,8 +28,30 @@ class ServerSettings(BaseSettings):
         1, ge=1, description="torch CPU threads; 1 keeps small CPU models steady on a busy machine (2 threads "
         "spin against other processes and miss deadlines)",
     )
+    api_keys: list[str] = Field(
+        default_factory=list, description="operator API keys; when set, /api/chat needs a session token from "
+        "POST /api/token and recordings need a key or their signed link")
+    token_ttl_s: float = Field(60.0, gt=0, description="a session token works once, within this many seconds")
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="browser origins that may open /api/chat besides the server's own; "
+        "* allows any")
+    allow_public_without_auth: bool = Field(
+        False, description="listen on a non-loopback address without api_keys (a proxy in front authenticates)")
+    trusted_proxies: str = Field(
+        "127.0.0.1", description="addresses whose X-Forwarded-For names the client (comma list, * for any)")
     max_sessions: int | None = Field(None, ge=1, description="concurrent sessions; default 2 for tiny, else 1")
+    max_connections_per_ip: int = Field(8, ge=1, description="open WebSockets per client address (HTTP 429 over)")
     max_message_bytes: int = Field(256 * 1024, ge=1024, description="larger WebSocket messages close with 1009")
+    max_messages_per_s: float = Field(
+        100.0, gt=0, description="client messages a second, averaged over 2 s bursts; over it closes 1008")
+    max_session_s: float = Field(3600.0, gt=0, description="sessions end (1000, max_duration) after this long")
+    session_end_warning_s: float = Field(30.0, ge=0, description="`session.ending` is sent this long before")
+    max_protocol_errors: int = Field(
+        20, ge=1, description="bad messages within 10 s before closing 1003 (unusable kinds) or 1007 (bad data)")
+    shutdown_grace_s: float = Field(
+        10.0, ge=0, description="on SIGTERM: refuse new sessions, warn live ones, close them by this deadline")
+    worker_stall_s: float = Field(
+        10.0, gt=0, description="a model call running longer restarts the worker: its sessions close 1011")
     send_queue_frames: int = Field(25, ge=1, description="outgoing audio frames kept for a slow client (2 s)")
     input_backlog_frames: int = Field(50, ge=1, description="unprocessed input frames kept before dropping")
     deadline_ms: float = Field(80.0, gt=0, description="per-frame budget from a frame's arrival to its output")

@@ -6,32 +6,79 @@ import asyncio
 import contextvars
 import copy
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from frontend_model.loading import LoadedModel
+from server.json_logging import session_id_var
 
 T = TypeVar("T")
+
+
+class WorkerRestarted(RuntimeError):
+    """A model call was still queued when its worker was replaced; it never ran."""
 
 
 class ModelWorker:
     """A single thread that runs every model call of every session, in submission order.
 
     One thread keeps torch off the event loop and serialises the sessions' steps on the device, so a session's
-    `close` queued after its last step can never race it.
+    `close` queued after its last step can never race it. A call that never returns (a wedged driver, a
+    deadlock) would stall every session: `busy_for` lets a watchdog see it, `restart` abandons that thread.
     """
 
     def __init__(self, device: str) -> None:
         self.device = device
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{device}")
+        self.restarts = 0
+        self._executor = self._new_executor()
+        self._lock = threading.Lock()
+        self._running_since: float | None = None
+        self._running_session: str | None = None
+
+    def _new_executor(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{self.device}")
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
         """Runs in the caller's context, so the worker's log lines carry the session id."""
-        return self._executor.submit(contextvars.copy_context().run, fn)
+        context = contextvars.copy_context()
+
+        def timed() -> T:
+            with self._lock:
+                self._running_since, self._running_session = time.monotonic(), session_id_var.get()
+            try:
+                return context.run(fn)
+            finally:
+                with self._lock:
+                    self._running_since = None
+
+        return self._executor.submit(timed)
 
     async def run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.wrap_future(self.submit(fn))
+        future = self.submit(fn)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if future.cancelled() and task is not None and not task.cancelling():
+                raise WorkerRestarted("the model worker was restarted before this call ran") from None
+            raise
+
+    def busy_for(self) -> tuple[float, str | None]:
+        """Seconds the current call has run (0 when idle), and the session that submitted it."""
+        with self._lock:
+            if self._running_since is None:
+                return 0.0, None
+            return time.monotonic() - self._running_since, self._running_session
+
+    def restart(self) -> None:
+        """A fresh thread for later calls; queued calls are cancelled, the stuck one is left to finish alone."""
+        old, self._executor = self._executor, self._new_executor()
+        with self._lock:
+            self._running_since = None
+        self.restarts += 1
+        old.shutdown(wait=False, cancel_futures=True)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=False)
@@ -41,12 +88,14 @@ class SlotPool:
     """`size` model copies, one per concurrent session: an Engine owns its model's streaming state.
 
     `acquire` never waits, so a full server can refuse at once; `release` is thread-safe because it runs when
-    the worker has finished closing the session.
+    the worker has finished closing the session. A model lost to a wedged worker is `forget`-ten, so it never
+    returns to the pool, and `add` puts a fresh one in its place.
     """
 
     def __init__(self, model: LoadedModel, size: int) -> None:
         self.size = size
         self._free: list[LoadedModel] = [model] + [copy.deepcopy(model) for _ in range(size - 1)]
+        self._lost: list[LoadedModel] = []  # held, not id()s: a freed id could come back as a fresh model
         self._lock = threading.Lock()
 
     def acquire(self) -> LoadedModel | None:
@@ -59,6 +108,19 @@ class SlotPool:
             return list(self._free)
 
     def release(self, model: LoadedModel) -> None:
+        with self._lock:
+            if not any(model is lost for lost in self._lost):
+                self._free.append(model)
+
+    def forget(self, model: LoadedModel) -> None:
+        with self._lock:
+            self._lost.append(model)
+
+    def is_lost(self, model: LoadedModel) -> bool:
+        with self._lock:
+            return any(model is lost for lost in self._lost)
+
+    def add(self, model: LoadedModel) -> None:
         with self._lock:
             self._free.append(model)
 

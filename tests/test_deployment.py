@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from server.auth import public_bind_problem
 from server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,18 +137,23 @@ def test_env_example_names_every_variable_the_compose_files_use() -> None:
     assert {"HF_TOKEN", "LLM_API_KEY", "LLM_MODEL", "CONTEXTSPAN_CHECKPOINT", "ASR_MODEL"} <= used
 
 
-def test_contextspan_variables_are_settings(compose: dict[str, Any]) -> None:
+def test_contextspan_variables_are_settings(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     names = {k for k in compose["services"]["contextspan"]["environment"] if k.startswith("CONTEXTSPAN_")}
     names |= set(re.findall(r"\b(CONTEXTSPAN_[A-Z_]+)=", DOCKERFILE.read_text()))
     names |= {k for k in _env_example() if k.startswith("CONTEXTSPAN_")} - {"CONTEXTSPAN_PUBLISH",
                                                                            "CONTEXTSPAN_IMAGE_TAG"}
     fields = {n.removeprefix("CONTEXTSPAN_").lower() for n in names}
     assert fields - set(ServerSettings.model_fields) == set()
-    # The values the container gets are valid settings.
-    env = compose["services"]["contextspan"]["environment"]
-    given = {n.removeprefix("CONTEXTSPAN_").lower(): _default(v) for n, v in env.items()}
-    settings = ServerSettings(**{k: v for k, v in given.items() if k in ServerSettings.model_fields})
+    # The values the container gets are valid settings, read as the server reads them: from the environment.
+    env = dict(re.findall(r"\b(CONTEXTSPAN_[A-Z_]+)=(\S+)", DOCKERFILE.read_text()))
+    env |= {n: _default(v) for n, v in compose["services"]["contextspan"]["environment"].items()}
+    for name, value in env.items():
+        if name.startswith("CONTEXTSPAN_"):
+            monkeypatch.setenv(name, value)
+    settings = ServerSettings()
     assert settings.device == "cuda:0" and settings.llm_base_url and settings.context_store.startswith("/data/")
+    assert settings.host == "0.0.0.0" and settings.api_keys, "a public container must have API keys"
+    assert public_bind_problem(settings.host, settings.api_keys, settings.allow_public_without_auth) is None
 
 
 def test_dockerfile_runs_as_non_root_with_a_healthcheck_and_the_dev_pins() -> None:

@@ -104,3 +104,36 @@ def test_agent_pieces_become_one_turn_before_the_users_next_utterance() -> None:
     asyncio.run(retrieval.close())
     assert [(t.role, t.text) for t in store.turns("s1")] == [("agent", "It is nine."), ("user", "Thanks!"),
                                                              ("agent", "Bye")]
+
+
+class SlowTranscriber:
+    """Whisper on a starved machine: every transcription takes longer than the span deadline."""
+
+    def transcribe(self, audio: np.ndarray) -> str:
+        import time
+
+        time.sleep(1.5)
+        return "what is two plus two"
+
+
+def test_a_slow_asr_drops_the_span_at_the_deadline_not_later(tmp_path: Path) -> None:
+    async def run() -> tuple[list[SpanAnswer], list[Any], float]:
+        answers: list[SpanAnswer] = []
+        events: list[Any] = []
+        with ThreadPoolExecutor(1) as pool:
+            asr = StreamingASR(SlowTranscriber().transcribe, pool, lambda t: None)
+            retrieval = Retrieval("s1", "u1", Agent(build_catalogue()), ContextStore(":memory:"), asr,
+                                  answers.append, events.append, lambda: 0.0, RetrievalConfig(deadline_s=0.5))
+            asr._segmenter.recent_audio = lambda seconds: np.ones(16000, np.float32)  # type: ignore[method-assign]
+            started = asyncio.get_running_loop().time()
+            assert retrieval.trigger()
+            while not events:
+                await asyncio.sleep(0.01)
+            elapsed = asyncio.get_running_loop().time() - started
+            await retrieval.close()
+        return answers, events, elapsed
+
+    answers, events, elapsed = asyncio.run(run())
+    assert not answers
+    assert len(events) == 1 and isinstance(events[0], p.SpanDropped) and events[0].reason.startswith("late"), events
+    assert 0.5 <= elapsed < 1.0, elapsed

@@ -73,6 +73,9 @@ function onEvent(event) {
       break;
     case "span.dropped": addEvent(`span dropped (${event.reason}) after ${event.latency_ms} ms`, "dropped"); break;
     case "error": addEvent(`error ${event.code}: ${event.message}`, "error"); break;
+    case "session.ending":
+      addEvent(`the server ends this session in ${event.in_s} s (${event.reason.replace("_", " ")})`, "error");
+      break;
     case "stats": {
       const sorted = [...event.latency_ms].sort((a, b) => a - b);
       if (sorted.length) stats.serverP50Ms = sorted[Math.floor(sorted.length / 2)].toFixed(1);
@@ -115,7 +118,9 @@ async function start() {
     stats.decodedS = speaker.decoded;
     showStats();
   });
-  const ws = new WebSocket(chatUrl());
+  // A server with API keys wants a single-use session token; the operator's backend puts it in this page's URL.
+  const token = new URLSearchParams(location.search).get("token");
+  const ws = token ? new WebSocket(chatUrl(), ["contextspan", `bearer.${token}`]) : new WebSocket(chatUrl());
   ws.binaryType = "arraybuffer";
   const mic = new Microphone(context, (page) => {
     if (ws.readyState !== WebSocket.OPEN) return;
@@ -145,7 +150,11 @@ async function start() {
     }
   };
   ws.onclose = (e) => {
-    if (e.code !== 1000 && e.code !== 1005) {
+    if (e.code === 1006 && !stats.handshake) {
+      // Browsers hide the HTTP answer of a refused upgrade: name the likely causes.
+      fail(token ? "refused: the session token is unknown, used or expired (tokens open one session)"
+        : "refused: this server may need a session token (?token=) or a different origin");
+    } else if (e.code !== 1000 && e.code !== 1005) {
       let reason = e.reason;
       try { reason = JSON.parse(e.reason).message; } catch { /* plain reason */ }
       fail(`closed ${e.code}${reason ? `: ${reason}` : ""}`);

@@ -52,6 +52,7 @@ class StreamingASR:
         self._segmenter = UtteranceSegmenter(segmenter or SegmenterConfig())
         self._queue: asyncio.Queue[np.ndarray] = asyncio.Queue(maxsize=queue_frames)
         self._task: asyncio.Task[None] | None = None
+        self._busy: asyncio.Future[str] | None = None
         self.dropped_frames = 0
         self._finals = 0
         self.latest_final: Transcript | None = None
@@ -62,11 +63,16 @@ class StreamingASR:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="asr")
 
     async def close(self) -> None:
+        """Also withdraws a partial still queued for the shared Whisper process: a session that has left must not
+        delay the others' transcriptions."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._busy is not None:
+            self._busy.cancel()
+            self._busy = None
 
     def feed(self, pcm24k: np.ndarray) -> None:
         if self._queue.full():
@@ -99,7 +105,7 @@ class StreamingASR:
                 for event in self._segmenter.feed(resample_24k_to_16k(pcm)):
                     if event.cue is Cue.PARTIAL and busy is not None and not busy.done():
                         continue
-                    busy = loop.run_in_executor(self._executor, self._transcribe, event.audio)
+                    busy = self._busy = loop.run_in_executor(self._executor, self._transcribe, event.audio)
                     if event.cue is Cue.FINAL:
                         text = await busy
                         self._emit(Transcript(text, True, event.start_s, event.end_s, time.monotonic()))

@@ -104,3 +104,16 @@ def test_thread_safe(store: ContextStore) -> None:
     for thread in threads:
         thread.join()
     assert len(store.turns("s1")) == 200
+
+
+def test_forget_user_removes_everything_of_that_user_only() -> None:
+    store = ContextStore(":memory:")
+    for user in ("anon-1", "ada"):
+        store.save_profile(Profile(user_id=user, name="X"))
+        store.add_note(user, "note")
+        store.add_turn(user, f"s-{user}", "user", "hello")
+        store.record_tool_result(user, f"s-{user}", "date", {}, ToolResult("Monday", "clock"))
+    store.forget_user("anon-1")
+    assert store.turns("s-anon-1") == [] and store.tool_results("s-anon-1") == []
+    assert store.get_profile("anon-1").name is None and store.get_profile("anon-1").notes == []
+    assert len(store.turns("s-ada")) == 2 and store.get_profile("ada").name == "X"

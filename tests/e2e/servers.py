@@ -2,20 +2,72 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
 from server.client import free_port
+from server.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from frontend_model.loading import LoadedModel
+    from server.app import ServerState
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
+
+
+@dataclass
+class InProcessServer:
+    http: str
+    ws: str
+    state: ServerState
+    loop: asyncio.AbstractEventLoop
+
+
+@contextlib.contextmanager
+def in_process_server(settings: ServerSettings, model: LoadedModel | None = None) -> Iterator[InProcessServer]:
+    """A uvicorn server in a thread of this process, so a test can reach its sessions and patch its parts."""
+    import torch
+    import uvicorn
+
+    from server.app import create_app
+
+    threads = torch.get_num_threads()  # the server sets its own; later tests in this process get theirs back
+    app = create_app(settings, model=model)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning",
+                                           ws="websockets-sansio"))
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        loops.append(loop)
+        loop.run_until_complete(server.serve())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    state: ServerState = app.state.server
+    deadline = time.monotonic() + 120
+    while not state.ready() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert state.ready(), state.load_error
+    try:
+        yield InProcessServer(f"http://127.0.0.1:{settings.port}", f"ws://127.0.0.1:{settings.port}", state, loops[0])
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        torch.set_num_threads(threads)
 
 
 @dataclass
@@ -35,12 +87,14 @@ class RunningServer:
         return httpx.get(f"{self.http}/metrics", timeout=5).text
 
 
-def start_server(tmp: Path, *flags: str, ready_timeout: float = 120.0) -> RunningServer:
+def start_server(tmp: Path, *flags: str, ready_timeout: float = 120.0, faults: str = "") -> RunningServer:
+    """`faults` (see faulty_server.py) runs the same server with those faults injected."""
     port = free_port()
     recordings = tmp / "recordings"
     log = tmp / "server.log"
-    env = dict(os.environ, NO_TORCH_COMPILE="1")
-    cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--recordings-dir", str(recordings),
+    env = dict(os.environ, NO_TORCH_COMPILE="1", FAULTS=faults)
+    module = "tests.e2e.faulty_server" if faults else "server.cli"
+    cmd = [sys.executable, "-m", module, "serve", "--port", str(port), "--recordings-dir", str(recordings),
            "--log-level", "info", *flags]
     process = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
                                cwd=Path(__file__).resolve().parents[2])

@@ -17,17 +17,10 @@ from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE
 from server import protocol as p
 from server.client import StreamResult, chat_url, stream
 
+from .pace import assert_kept_pace
 from .servers import RunningServer
 
 pytestmark = pytest.mark.slow
-# On a shared 2-core CI box another process can steal a whole frame now and then; keep the bar near zero.
-MAX_MISS_RATE = 0.02
-
-
-def misses(result: StreamResult) -> tuple[int, int]:
-    stats = result.of_type("stats")
-    return sum(s.deadline_misses for s in stats), sum(len(s.latency_ms) for s in stats)
-
 
 async def refused_within(url: str) -> tuple[int | None, str, float]:
     start = time.perf_counter()
@@ -48,9 +41,7 @@ def test_capacity_refuses_at_once_and_others_keep_deadlines(server: RunningServe
     assert code == p.CLOSE_TRY_AGAIN and json.loads(reason)["error"] == "at_capacity"
     assert elapsed < 1.0, elapsed
     for result in results:
-        missed, frames = misses(result)
-        assert frames > 50 and missed <= MAX_MISS_RATE * frames, (missed, frames)
-        assert abs(result.audio_messages - result.frames_sent) <= 1
+        assert_kept_pace(result, min_frames=50)
     assert 'contextspan_sessions_total{outcome="refused_capacity"} 1.0' in server.metrics()
 
 
@@ -75,9 +66,7 @@ def test_stalled_reader_is_bounded_and_others_unaffected(server: RunningServer, 
 
     stalled, normal = asyncio.run(run())
     assert max(samples) - rss_before < 64 * 2**20, (rss_before, max(samples))
-    missed, frames = misses(normal)
-    assert frames > 100 and missed <= MAX_MISS_RATE * frames, (missed, frames)
-    assert abs(normal.audio_messages - normal.frames_sent) <= 1
+    assert_kept_pace(normal, min_frames=100)
     # The stalled client got the audio it had not lost to the bounded send queue, and nothing more.
     dropped = stalled.of_type("stats")[-1].audio_dropped
     assert stalled.audio_messages + dropped >= stalled.frames_sent - 2

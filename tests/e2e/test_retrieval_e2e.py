@@ -15,6 +15,7 @@ from server.client import StreamResult, chat_url, stream
 from tests.backend.fake_openai import Script, fake_openai
 from tests.speech import silence, speak
 
+from .pace import assert_kept_pace
 from .servers import start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -34,11 +35,6 @@ def run_session(tmp: Path, pcm: np.ndarray, ret_frame: int, *flags: str) -> Stre
         stop_server(server)
 
 
-def no_deadline_misses(result: StreamResult) -> None:
-    stats = result.of_type("stats")
-    assert stats and sum(s.deadline_misses for s in stats) == 0, [s.latency_ms for s in stats]
-
-
 def test_span_from_the_router_lands_inside_the_deadline(tmp_path: Path) -> None:
     pcm, ret_frame = question_audio(tmp_path, "What is twelve times seven?")
     result = run_session(tmp_path, pcm, ret_frame)
@@ -54,7 +50,7 @@ def test_span_from_the_router_lands_inside_the_deadline(tmp_path: Path) -> None:
     assert span.offset_after - span.offset_before == span.frames > 2, "the KV cache advanced by the span's frames"
     assert span.latency_ms <= 2500 and span.prefill_ms > 0
     assert {"question_ms", "tool_ms", "build_ms"} <= set(span.timings_ms)
-    no_deadline_misses(result)
+    assert_kept_pace(result, min_frames=50)
 
 
 @pytest.fixture
@@ -73,7 +69,7 @@ def test_span_from_an_llm_tool_call(tmp_path: Path, llm: tuple[str, Script]) -> 
     assert len(spans) == 1 and spans[0].tool == "unit_conversion" and "sixteen" in spans[0].text
     assert "llm_ms" in spans[0].timings_ms
     assert script.requests and "kilomet" in script.requests[-1]["messages"][-1]["content"].lower()
-    no_deadline_misses(result)
+    assert_kept_pace(result, min_frames=50)
 
 
 @pytest.mark.parametrize(("mode", "reason"), [("hang", "timed out"), ("error500", "HTTP 500"),
@@ -89,5 +85,4 @@ def test_failing_llm_drops_the_span_and_keeps_every_frame(
     dropped = result.of_type("span.dropped")
     assert len(dropped) == 1 and reason in dropped[0].reason
     assert dropped[0].latency_ms <= 2600
-    assert abs(result.audio_messages - result.frames_sent) <= 1
-    no_deadline_misses(result)
+    assert_kept_pace(result, min_frames=50)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import wave
 from collections.abc import Callable, Iterator
@@ -13,14 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import uvicorn
 
 from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, load_model
-from server.app import create_app
 from server.client import chat_url, free_port, stream
 from server.settings import ServerSettings
 
-from .servers import RunningServer
+from .servers import RunningServer, in_process_server
 
 pytestmark = pytest.mark.slow
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
@@ -79,31 +76,9 @@ def test_binary_only_moshi_flow(server: RunningServer, speech: np.ndarray) -> No
 
 @pytest.fixture(scope="module")
 def inproc_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, object, asyncio.AbstractEventLoop]]:
-    """A uvicorn server in a thread of this process, so a test can reach its sessions directly."""
-    import torch
-
-    threads = torch.get_num_threads()  # the server sets its own; later tests in this process get theirs back
     settings = ServerSettings(port=free_port(), recordings_dir=tmp_path_factory.mktemp("rec"), max_sessions=1)
-    app = create_app(settings, model=load_model("tiny"))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning",
-                                           ws="websockets-sansio"))
-    loops: list[asyncio.AbstractEventLoop] = []
-
-    def run() -> None:
-        loop = asyncio.new_event_loop()
-        loops.append(loop)
-        loop.run_until_complete(server.serve())
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not app.state.server.ready() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert app.state.server.ready()
-    yield f"ws://127.0.0.1:{settings.port}", app.state.server, loops[0]
-    server.should_exit = True
-    thread.join(timeout=10)
-    torch.set_num_threads(threads)
+    with in_process_server(settings, load_model("tiny")) as running:
+        yield running.ws, running.state, running.loop
 
 
 def test_request_span_injects_at_next_frame(inproc_server: tuple[str, object, asyncio.AbstractEventLoop],

@@ -1,0 +1,138 @@
+"""Who may connect: operator API keys, single-use session tokens, browser origins, and the bind-address rule.
+
+Pure logic over headers and query strings, so that every case of the auth matrix is testable without a socket.
+An API key never travels through a browser: the operator's backend trades it for a short-lived token
+(`POST /api/token`) and hands that to the page or app, which spends it once on `/api/chat`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from urllib.parse import urlsplit
+
+# Browsers cannot set headers on a WebSocket: they offer the token as a subprotocol `bearer.<token>` next to
+# `contextspan`, which the server echoes so the browser accepts the upgrade.
+SUBPROTOCOL = "contextspan"
+BEARER_SUBPROTOCOL_PREFIX = "bearer."
+
+
+class TokenCheck(Enum):
+    OK = "ok"
+    MISSING = "missing"
+    UNKNOWN = "unknown"  # never issued, or already spent
+    EXPIRED = "expired"
+
+
+@dataclass
+class TokenIssuer:
+    """Single-use tokens that expire `ttl_s` after issue; thread-safe, pruned as it goes."""
+
+    ttl_s: float
+    clock: Callable[[], float] = time.monotonic
+    _expiry: dict[str, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def issue(self) -> str:
+        token = secrets.token_urlsafe(24)
+        now = self.clock()
+        with self._lock:
+            for stale in [t for t, expiry in self._expiry.items() if expiry <= now]:
+                del self._expiry[stale]
+            self._expiry[token] = now + self.ttl_s
+        return token
+
+    def redeem(self, token: str | None) -> TokenCheck:
+        """Spends the token: a second use of the same token is UNKNOWN, even within its lifetime."""
+        if not token:
+            return TokenCheck.MISSING
+        with self._lock:
+            expiry = self._expiry.pop(token, None)
+        if expiry is None:
+            return TokenCheck.UNKNOWN
+        return TokenCheck.OK if self.clock() < expiry else TokenCheck.EXPIRED
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._expiry)
+
+
+def api_key_ok(given: str | None, keys: Sequence[str]) -> bool:
+    """Constant-time in the key's content, so a timing probe learns nothing about a key's prefix."""
+    if not given:
+        return False
+    return any(hmac.compare_digest(given.encode(), key.encode()) for key in keys)
+
+
+def bearer(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("authorization", "")
+    scheme, _, credential = value.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return credential.strip() or None
+
+
+def offered_subprotocols(headers: Mapping[str, str]) -> list[str]:
+    return [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+
+
+def session_token(query: Mapping[str, str], headers: Mapping[str, str]) -> str | None:
+    """Where clients put the token: `Authorization: Bearer` (apps), a `bearer.` subprotocol or `?token=` (pages)."""
+    for protocol in offered_subprotocols(headers):
+        if protocol.startswith(BEARER_SUBPROTOCOL_PREFIX):
+            return protocol[len(BEARER_SUBPROTOCOL_PREFIX):]
+    return bearer(headers) or query.get("token") or None
+
+
+def accepted_subprotocol(headers: Mapping[str, str]) -> str | None:
+    """Echo `contextspan` when offered; a browser that offered subprotocols fails the upgrade without one."""
+    return SUBPROTOCOL if SUBPROTOCOL in offered_subprotocols(headers) else None
+
+
+def origin_allowed(origin: str | None, host: str | None, allowed: Sequence[str]) -> bool:
+    """Non-browser clients send no Origin; a page may connect from the server's own origin or an allowed one.
+
+    This stops a page on another site from opening a WebSocket to a server on the user's machine or network.
+    """
+    if not origin:
+        return True
+    if "*" in allowed or origin.rstrip("/") in {a.rstrip("/") for a in allowed}:
+        return True
+    return bool(host) and urlsplit(origin).netloc.lower() == host.lower()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def public_bind_problem(host: str, api_keys: Sequence[str], allow_public_without_auth: bool) -> str | None:
+    """Why the server must not start on `host`, or None: an open voice agent on a network is a free GPU for all."""
+    if is_loopback(host) or api_keys or allow_public_without_auth:
+        return None
+    return (f"refusing to listen on {host} without authentication: set CONTEXTSPAN_API_KEYS (or --api-keys), "
+            "or pass --allow-public-without-auth when a proxy in front authenticates")
+
+
+class RecordingSigner:
+    """Recording links a session's own page can open without an API key: an HMAC of the session id."""
+
+    def __init__(self, secret: bytes | None = None) -> None:
+        self._secret = secret or secrets.token_bytes(32)
+
+    def sign(self, session_id: str) -> str:
+        return hmac.new(self._secret, session_id.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def verify(self, session_id: str, signature: str | None) -> bool:
+        return bool(signature) and hmac.compare_digest(self.sign(session_id), signature or "")

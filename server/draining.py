@@ -1,0 +1,56 @@
+"""uvicorn, with a drain before its shutdown: on SIGTERM live sessions get `shutdown_grace_s` to end.
+
+Plain uvicorn closes every WebSocket at once (1012) on SIGTERM; a rolling restart would cut every caller off
+mid-sentence. Here the first SIGTERM or Ctrl-C starts the drain (new sessions are refused with 1013, /readyz
+turns 503, live ones are told and closed by the deadline, recordings flushed) and a second one exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from server.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, app: FastAPI, settings: ServerSettings) -> None:
+        config = uvicorn.Config(
+            app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None,
+            ws_max_size=settings.max_message_bytes, ws="websockets-sansio", lifespan="on",
+            proxy_headers=True, forwarded_allow_ips=settings.trusted_proxies,
+            timeout_graceful_shutdown=max(1.0, settings.shutdown_grace_s),
+        )
+        super().__init__(config)
+        self.app = app
+        self.grace_s = settings.shutdown_grace_s
+        self._draining = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining or self.should_exit:
+            super().handle_exit(sig, frame)  # a second signal: stop now
+            return
+        self._draining = True
+        logger.info("%s: draining sessions for up to %.1f s (send it again to stop at once)",
+                    signal.Signals(sig).name, self.grace_s)
+        # A signal handler interrupts the loop mid-callback: schedule the drain rather than start it here.
+        asyncio.get_event_loop().call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._drain_then_exit())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            await self.app.state.server.drain(self.grace_s)
+        finally:
+            self.should_exit = True
