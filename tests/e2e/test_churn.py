@@ -91,5 +91,5 @@ def test_connect_disconnect_cycles_do_not_grow_memory(tmp_path: Path, speech: np
         assert not server.state.sessions and server.state.pool is not None and server.state.pool.free == CLIENTS
         metrics = server.state.metrics.render().decode()
     assert after - before <= MAX_GROWTH_BYTES, f"RSS grew {(after - before) / 2**20:.1f} MB over {CYCLES} cycles"
-    assert sum("stats" in s for s in seen) >= 20, "some sessions lived past their first second"
+    assert sum("session.ready" in s for s in seen) >= CYCLES // 4, "the sessions were served, not refused"
     assert f'contextspan_sessions_total{{outcome="accepted"}} {CYCLES + WARM_UP_CYCLES}.0' in metrics
