@@ -134,15 +134,16 @@ def speak(text: str, wav: Path) -> np.ndarray:
     return load_wav(str(wav))
 
 
-def start_server(workdir: Path, *flags: str, ready_timeout: float = 300.0) -> tuple[subprocess.Popen[bytes], str]:
-    """`contextspan serve *flags` on a free loopback port, logging to workdir/server.log; returns the process and
-    its http:// URL once /readyz says ready."""
+def start_server(workdir: Path, *flags: str, ready_timeout: float = 300.0, module: str = "server.cli",
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """`python -m module serve *flags` (`contextspan serve`) on a free loopback port, from the repository root,
+    logging to workdir/server.log; returns the process and its http:// URL once /readyz says ready."""
     port = free_port()
-    cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *flags]
+    cmd = [sys.executable, "-m", module, "serve", "--port", str(port), *flags]
     log = workdir / "server.log"
     with log.open("wb") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                   env=dict(os.environ, NO_TORCH_COMPILE="1"))
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1],
+                                   env=dict(os.environ, NO_TORCH_COMPILE="1", **(env or {})))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:

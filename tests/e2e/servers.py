@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +16,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from server.client import free_port
+from server import client
 from server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -89,37 +87,15 @@ class RunningServer:
 
 def start_server(tmp: Path, *flags: str, ready_timeout: float = 120.0, faults: str = "") -> RunningServer:
     """`faults` (see faulty_server.py) runs the same server with those faults injected."""
-    port = free_port()
     recordings = tmp / "recordings"
-    log = tmp / "server.log"
-    env = dict(os.environ, NO_TORCH_COMPILE="1", FAULTS=faults)
     module = "tests.e2e.faulty_server" if faults else "server.cli"
-    cmd = [sys.executable, "-m", module, "serve", "--port", str(port), "--recordings-dir", str(recordings),
-           "--log-level", "info", *flags]
-    process = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
-                               cwd=Path(__file__).resolve().parents[2])
-    http = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{http}/readyz", timeout=1).status_code == 200:
-                return RunningServer(http, f"ws://127.0.0.1:{port}", recordings, process, log)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    process.kill()
-    raise RuntimeError(f"server not ready in {ready_timeout} s:\n{log.read_text()[-3000:]}")
+    process, http = client.start_server(tmp, "--recordings-dir", str(recordings), "--log-level", "info", *flags,
+                                        ready_timeout=ready_timeout, module=module, env={"FAULTS": faults})
+    return RunningServer(http, "ws" + http.removeprefix("http"), recordings, process, tmp / "server.log")
 
 
 def stop_server(server: RunningServer) -> None:
-    server.process.terminate()
-    try:
-        server.process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait()
+    client.stop_server(server.process)
 
 
 def espeak_wav(path: Path, text: str) -> Path:
