@@ -87,6 +87,16 @@ class BatchEngine(Engine):
         self._span_slot = slot
         self._force(block)
 
+    @torch.no_grad()
+    def prefill_slot(self, slot: int, block: Block) -> None:
+        """Prefill a joining slot's persona prefix, before its first step; the other slots are left as they were."""
+        self._require_running("prefill_slot")
+        if self.slot_offset(slot) != 0:
+            raise EngineStateError(f"prefill of slot {slot} after its first step")
+        self.lm_gen.set_exec_mask(self._one_hot(slot))
+        self._span_slot = slot
+        self._force(block)
+
     def _forward_span(self, inputs: torch.Tensor, state: Any) -> None:
         """Only the injecting slot's row goes through the transformer: the others would be computed for nothing."""
         slot = self._span_slot

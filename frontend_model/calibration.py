@@ -1,12 +1,17 @@
-"""Startup calibration of what a span costs, so the engine can cap spans to keep the frame slot."""
+"""Startup calibration of what a tick and a span cost: the engine caps spans, the server schedules ticks and admits
+sessions by these numbers so that every frame keeps its deadline."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
+from frontend_model.batch_model import BatchedModel
 from frontend_model.block import Block
 from frontend_model.engine import GREEDY, Engine, PrefillCost, device_sync, time_call
-from frontend_model.loading import LoadedModel
+from frontend_model.loading import FRAME_SAMPLES, LoadedModel
 from frontend_model.span_block import placeholder_rows
 
 
@@ -45,3 +50,66 @@ def calibrate_prefill(model: LoadedModel, max_frames: int, repeats: int = 3) -> 
                 time_call(lambda b=block: (engine.inject(b), engine.step(user)), sync) for _ in range(repeats)
             )
     return PrefillCost(step_s=step, span_s=spans)
+
+
+@dataclass(frozen=True)
+class TickCost:
+    """Measured cost of one tick with every slot stepping, per batch size, and of a span's prefill."""
+
+    tick_s: dict[int, float]
+    prefill: PrefillCost
+
+    def tick(self, batch: int) -> float:
+        """Interpolated between calibrated batch sizes, extrapolated from the last two past the end."""
+        sizes = sorted(self.tick_s)
+        if batch in self.tick_s or len(sizes) == 1:
+            return self.tick_s.get(batch, self.tick_s[sizes[0]])
+        lo = max((s for s in sizes if s < batch), default=sizes[0])
+        hi = min((s for s in sizes if s > batch), default=sizes[-1])
+        if batch > sizes[-1]:
+            lo, hi = sizes[-2], sizes[-1]
+        slope = (self.tick_s[hi] - self.tick_s[lo]) / (hi - lo)
+        return self.tick_s[lo] + slope * (batch - lo)
+
+    def span(self, frames: int) -> float:
+        """What injecting a span of `frames` frames adds to a tick (0 for no span)."""
+        if frames <= 0:
+            return 0.0
+        return max(0.0, self.prefill.predict(frames) - self.prefill.step_s)
+
+    def span_budget(self, budget_s: float, batch: int) -> float:
+        """The budget to give an engine's span cap (which counts one plain step) so span + tick fit `budget_s`."""
+        return budget_s - self.tick(batch) + self.prefill.step_s
+
+
+def tick_sizes(max_batch: int) -> list[int]:
+    """Powers of two up to `max_batch`, `max_batch` itself and one more, to predict the tick a refusal avoids."""
+    sizes = [1]
+    while sizes[-1] * 2 < max_batch:
+        sizes.append(sizes[-1] * 2)
+    return sorted({*sizes, max_batch, max_batch + 1})
+
+
+@torch.no_grad()
+def calibrate_ticks(model: LoadedModel, sizes: list[int], repeats: int = 9,
+                    stop_above_s: float | None = None) -> dict[int, float]:
+    """Seconds of one tick (encode, step, decode) with all `b` slots stepping, for each b in `sizes` (ascending).
+
+    Best of `repeats`, like calibrate_prefill: a noisy neighbour must not shrink the server's capacity. Sizes past
+    the first whose tick exceeds `stop_above_s` are not measured: they could not be admitted anyway.
+    """
+    sync = device_sync(model.device)
+    pcm = np.zeros(FRAME_SAMPLES, np.float32)
+    ticks: dict[int, float] = {}
+    for batch in sizes:
+        batched = BatchedModel(model, batch, GREEDY)
+        batched.start()
+        try:
+            batched.warm_up()
+            frames = dict.fromkeys(range(batch), pcm)
+            ticks[batch] = min(time_call(lambda f=frames, b=batched: b.tick(f), sync) for _ in range(repeats))
+        finally:
+            batched.close()
+        if stop_above_s is not None and ticks[batch] > stop_above_s:
+            break
+    return ticks

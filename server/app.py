@@ -14,20 +14,23 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.websockets import WebSocketDisconnect
 
-from frontend_model.calibration import calibrate_prefill
-from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, PrefillCost
+from frontend_model.batch_model import BatchedModel
+from frontend_model.calibration import TickCost, calibrate_prefill, calibrate_ticks, tick_sizes
+from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES
 from frontend_model.loading import LoadedModel, ModelLoadError, load_model
 from server import auth
 from server import protocol as p
 from server.backend import Backend
+from server.batcher import Batcher
 from server.json_logging import session_id_var
 from server.limits import ConnectionsPerAddress
 from server.metrics import Metrics
-from server.model_session import PersonaError, warm_up
+from server.model_session import PersonaError
 from server.recording import recording_path
 from server.session import Session, SessionEnd, SessionOptions
 from server.settings import ServerSettings
-from server.worker import ModelWorker, SlotPool
+from server.tick_scheduler import TICK_SHARE, capacity
+from server.worker import ModelWorker, WorkerRestarted
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +49,9 @@ class ServerState:
     settings: ServerSettings
     metrics: Metrics = field(default_factory=Metrics)
     model: LoadedModel | None = None
-    pool: SlotPool | None = None
+    batcher: Batcher | None = None
     worker: ModelWorker | None = None
     load_error: str | None = None
-    cost: PrefillCost | None = None
     backend: Backend | None = None
     sessions: dict[str, Session] = field(default_factory=dict)
     tokens: auth.TokenIssuer = field(init=False)
@@ -62,7 +64,7 @@ class ServerState:
         self.connections = ConnectionsPerAddress(self.settings.max_connections_per_ip)
 
     def ready(self) -> bool:
-        return self.pool is not None and self.worker is not None
+        return self.batcher is not None and self.worker is not None
 
     async def drain(self, grace_s: float) -> None:
         """SIGTERM: refuse new sessions, warn the live ones, let them run, close what is left before the grace ends.
@@ -85,9 +87,9 @@ class ServerState:
 
 
 async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callable[[], LoadedModel] | None:
-    """Load, copy per slot and warm up off the event loop, so /healthz answers while a big model loads.
+    """Load, calibrate and warm up off the event loop, so /healthz answers while a big model loads.
 
-    Returns how to make one more slot's model (for the worker watchdog), or None when nothing loaded.
+    Returns how to make a fresh model (for the worker watchdog), or None when nothing loaded.
     """
     settings = state.settings
     try:
@@ -102,12 +104,9 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
             return load_model(profile, checkpoint, settings.device, None, None, settings.seed)
 
         model = preloaded or await asyncio.to_thread(load)
-        slots = settings.resolved_max_sessions(model.profile)
         worker = ModelWorker(str(model.device))
-        state.cost = await worker.run(lambda: calibrate_prefill(model, DEFAULT_MAX_SPAN_FRAMES))
-        pool = await asyncio.to_thread(SlotPool, model, slots)
-        for slot in pool.models():
-            await worker.run(lambda s=slot: warm_up(s))
+        cost = await calibrate(state, model, worker)
+        state.batcher = await start_batcher(state, model, worker, cost)
         state.backend = await asyncio.to_thread(Backend.create, settings)
         await asyncio.to_thread(state.backend.warm_up)
     except ModelLoadError as exc:
@@ -120,41 +119,64 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
         return None
     if model.random_weights:
         logger.warning(RANDOM_WEIGHTS_BANNER.format(profile=model.profile))
-    logger.info("serving %s on %s with %d session slot(s)", model.description, model.device, slots)
+    batcher = state.batcher
+    logger.info("serving %s on %s: %d session(s) in one batch, tick %.1f ms (%s)", model.description, model.device,
+                batcher.size, cost.tick(batcher.size) * 1e3, batcher.capacity.reason)
     state.model, state.worker = model, worker
-    state.metrics.session_slots.set(slots)
-    state.pool = pool
     return load
+
+
+async def calibrate(state: ServerState, model: LoadedModel, worker: ModelWorker) -> TickCost:
+    """What a span and a tick of each batch size cost on this machine; sizes stop past the tick's share."""
+    max_sessions = state.settings.max_sessions
+    limit_s = state.settings.deadline_ms / 1e3 * TICK_SHARE
+    prefill = await worker.run(lambda: calibrate_prefill(model, DEFAULT_MAX_SPAN_FRAMES))
+    ticks = await worker.run(lambda: calibrate_ticks(model, tick_sizes(max_sessions), stop_above_s=limit_s))
+    return TickCost(ticks, prefill)
+
+
+async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWorker, cost: TickCost) -> Batcher:
+    """As many slots as the calibrated tick admits, in one batched model, warmed up and ticking."""
+    settings = state.settings
+    budget_s = settings.deadline_ms / 1e3
+    admitted = capacity(cost.tick, budget_s, settings.max_sessions)
+    batched = BatchedModel(model, admitted.slots, max_span_frames=DEFAULT_MAX_SPAN_FRAMES, cost=cost.prefill,
+                           frame_budget_s=cost.span_budget(budget_s, admitted.slots))
+    await worker.run(batched.start)
+    await worker.run(batched.warm_up)
+    batcher = Batcher(batched, worker, cost, admitted, budget_s, settings.span_deadline_s, state.metrics)
+    batcher.start()
+    state.metrics.session_slots.set(admitted.slots)
+    return batcher
 
 
 async def watch_worker(state: ServerState, make_model: Callable[[], LoadedModel]) -> None:
     """Restart a worker stuck in one call for `worker_stall_s`: every session on it would miss every deadline.
 
-    The sessions close with 1011 (their queued steps never ran), the stuck call's model is written off and
-    replaced by a fresh one, so the server serves its full slot count again.
+    The sessions close with 1011 (their frames never ran), the stuck model is written off (the abandoned thread may
+    still be using it) and a fresh one takes its place with the same calibration, so the server serves again.
     """
     stall_s = state.settings.worker_stall_s
     while True:
         await asyncio.sleep(min(0.5, stall_s / 4))
-        worker, pool = state.worker, state.pool
-        if worker is None or pool is None:
+        worker, batcher = state.worker, state.batcher
+        if worker is None or batcher is None:
             continue
         busy_s, session_id = worker.busy_for()
         if busy_s < stall_s:
             continue
-        logger.error("model worker stuck for %.1f s in session %s: restarting it", busy_s, session_id)
+        logger.error("model worker stuck for %.1f s (last submitted by session %s): restarting it", busy_s,
+                     session_id)
         state.metrics.worker_restarts.inc()
-        stuck = state.sessions.get(session_id or "")
-        if stuck is not None:
-            pool.forget(stuck.model)
+        state.batcher = None
         worker.restart()
         for session in list(state.sessions.values()):
             session.end(p.CLOSE_INTERNAL, p.close_reason("worker_restarted", "the model worker stalled"))
-        if stuck is not None:
-            model = await asyncio.to_thread(make_model)
-            await worker.run(lambda m=model: warm_up(m))
-            pool.add(model)
-            logger.info("model worker restarted; slot replaced")
+        await batcher.stop(WorkerRestarted("the model worker stalled and was restarted"))
+        model = await asyncio.to_thread(make_model)
+        state.batcher = await start_batcher(state, model, worker, batcher.cost)
+        state.model = model
+        logger.info("model worker restarted; %d slot(s) ready again", state.batcher.size)
 
 
 def create_app(settings: ServerSettings | None = None, model: LoadedModel | None = None) -> FastAPI:
@@ -174,6 +196,8 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
             yield
         finally:
             loader.cancel()
+            if state.batcher is not None:
+                await state.batcher.stop(WorkerRestarted("the server is shutting down"))
             if state.worker is not None:
                 state.worker.shutdown()
             if state.backend is not None:
@@ -280,8 +304,8 @@ def _info(state: ServerState) -> dict[str, object]:
         "description": model.description if model else None,
         "random_weights": model.random_weights if model else None,
         "voices": sorted(model.voice_prompts) if model else [],
-        "max_sessions": state.pool.size if state.pool else 0,
-        "free_slots": state.pool.free if state.pool else 0,
+        "max_sessions": state.batcher.size if state.batcher else 0,
+        "free_slots": state.batcher.free if state.batcher else 0,
         "sessions": len(state.sessions),
         "protocol": p.PROTOCOL_VERSION,
         "asr": state.backend is not None and state.backend.asr_process is not None,
@@ -300,7 +324,8 @@ async def serve_session(ws: WebSocket, state: ServerState) -> None:
         metrics.sessions.labels("refused_draining").inc()
         await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason("draining", "the server is shutting down"))
         return
-    if not state.ready() or state.model is None or state.pool is None or state.worker is None:
+    batcher = state.batcher
+    if not state.ready() or state.model is None or batcher is None:
         metrics.sessions.labels("refused_loading").inc()
         reason = state.load_error or "the model is still loading"
         await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason("not_ready", reason))
@@ -310,18 +335,17 @@ async def serve_session(ws: WebSocket, state: ServerState) -> None:
         metrics.sessions.labels("rejected").inc()
         await ws.close(p.CLOSE_POLICY, p.close_reason("bad_persona", f"over {settings.max_persona_chars} chars"))
         return
-    model = state.pool.acquire()
-    if model is None:
+    slot = batcher.acquire()
+    if slot is None:
         metrics.sessions.labels("refused_capacity").inc()
-        await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason("at_capacity", f"all {state.pool.size} slots busy"))
+        await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason(
+            "at_capacity", f"all {batcher.size} slots busy; {batcher.capacity.reason}"))
         return
     session: Session | None = None
     code, reason = p.CLOSE_NORMAL, ""
     try:
-        # Every session's step shares the one worker inside a frame: a span gets its share of the deadline.
-        span_budget_s = settings.deadline_ms / 1e3 / state.pool.size
-        session = Session(ws, settings, model, state.worker, metrics, options, state.cost, span_budget_s,
-                          state.backend, ws.query_params.get("user"), state.signer if settings.api_keys else None)
+        session = Session(ws, settings, state.model, batcher, slot, metrics, options, state.backend,
+                          ws.query_params.get("user"), state.signer if settings.api_keys else None)
         session_id_var.set(session.id)
         state.sessions[session.id] = session
         metrics.sessions.labels("accepted").inc()
@@ -330,6 +354,8 @@ async def serve_session(ws: WebSocket, state: ServerState) -> None:
         code, reason = p.CLOSE_POLICY, p.close_reason("bad_persona", str(exc))
     except SessionEnd as end:
         code, reason = end.code, end.reason
+    except WorkerRestarted as exc:
+        code, reason = p.CLOSE_INTERNAL, p.close_reason("worker_restarted", str(exc))
     except (WebSocketDisconnect, OSError):  # the client left (uvicorn's ClientDisconnected is an OSError)
         pass
     except RuntimeError as exc:
@@ -342,9 +368,9 @@ async def serve_session(ws: WebSocket, state: ServerState) -> None:
         code, reason = p.CLOSE_INTERNAL, p.close_reason("internal", type(exc).__name__)
     finally:
         if session is None:
-            state.pool.release(model)
+            batcher.release(slot)
         else:
             state.sessions.pop(session.id, None)
-            session.release(state.pool)
+            session.release()
             await session.close(code, reason)
             logger.info("session %s closed", session.id)

@@ -46,6 +46,18 @@ class Metrics:
             "contextspan_worker_restarts", "Model workers restarted after a call stalled past worker_stall_s",
             registry=r,
         )
+        self.batch_size = Histogram(
+            "contextspan_batch_size", "Sessions stepped in one batched tick",
+            buckets=(1, 2, 4, 8, 16, 32, 64), registry=r,
+        )
+        self.tick_seconds = Histogram(
+            "contextspan_tick_seconds", "One batched tick on the worker: spans injected, encode, step, decode",
+            buckets=_MS_BUCKETS, registry=r,
+        )
+        self.spans_deferred = Counter(
+            "contextspan_spans_deferred", "Span injections put off to a later tick: they did not fit its budget",
+            registry=r,
+        )
         self.protocol_errors = Counter(
             "contextspan_protocol_errors", "Bad client messages by code", ["code"], registry=r
         )

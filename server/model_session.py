@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from safetensors.torch import load_file
 from frontend_model.block import Block
 from frontend_model.codec import FrameCodec
 from frontend_model.engine import Engine, PrefillCost
-from frontend_model.loading import FRAME_SAMPLES, LoadedModel
+from frontend_model.loading import LoadedModel
 from frontend_model.span_block import SpanBuild, build_prefix
 from server import protocol as p
 from server.frame_clock import InputFrame
@@ -58,6 +59,7 @@ class FrameOutput:
     text_token: int | None
     compute_s: float
     span: SpanOutcome | None
+    deferred: SpanRequest | None = None  # a span that did not fit this tick's budget: offer it with the next frame
 
 
 def load_voice_codes(path: Path, agent_codebooks: int) -> torch.Tensor:
@@ -132,34 +134,30 @@ class ModelSession:
         return FrameOutput(frame, agent_pcm, result.text_token, time.perf_counter() - start, outcome)
 
     def _inject(self, request: SpanRequest) -> SpanOutcome:
-        now = time.perf_counter()
-        if now - request.requested > self.span_deadline_s:
-            return SpanOutcome(request, False, request.text, reason="late", done=now)
-        if self.engine.steps == 0:
-            return SpanOutcome(request, False, request.text, reason="before the first frame", done=now)
-        built = request.built
-        if built.block is None:
-            return SpanOutcome(request, False, built.text, reason=built.reason, done=now)
-        before = self.engine.offset
-        self.engine.inject(built.block)
-        done = time.perf_counter()
-        return SpanOutcome(request, True, built.text, built.frames, done - now, built.truncated,
-                           built.dropped_text, done=done, offsets=(before, self.engine.offset))
+        return inject_span(request, self.span_deadline_s, self.engine.steps, lambda: self.engine.offset,
+                           self.engine.inject)
 
     def close(self) -> None:
         self.engine.close()
         self.codec.close()
 
 
-def warm_up(model: LoadedModel, frames: int = 4) -> None:
-    """First calls pay torch's lazy initialisation; pay it before a client's deadline depends on it."""
-    session = ModelSession(model, span_deadline_s=1.0)
-    session.open(None)
-    try:
-        for i in range(frames):
-            session.step(InputFrame(i, np.zeros(FRAME_SAMPLES, np.float32), time.perf_counter()), None)
-    finally:
-        session.close()
+def inject_span(request: SpanRequest, deadline_s: float, steps: int, offset: Callable[[], int],
+                inject: Callable[[Block], None]) -> SpanOutcome:
+    """Inject a span at this frame boundary, or say why not: too late, before the first frame, nothing to say."""
+    now = time.perf_counter()
+    if now - request.requested > deadline_s:
+        return SpanOutcome(request, False, request.text, reason="late", done=now)
+    if steps == 0:
+        return SpanOutcome(request, False, request.text, reason="before the first frame", done=now)
+    built = request.built
+    if built.block is None:
+        return SpanOutcome(request, False, built.text, reason=built.reason, done=now)
+    before = offset()
+    inject(built.block)
+    done = time.perf_counter()
+    return SpanOutcome(request, True, built.text, built.frames, done - now, built.truncated,
+                       built.dropped_text, done=done, offsets=(before, offset()))
 
 
 def span_event(outcome: SpanOutcome, t: float) -> p.SpanInjected | p.SpanDropped:

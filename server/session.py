@@ -1,9 +1,9 @@
 """One WebSocket conversation: connect -> prefix prefill -> handshake -> stream -> close.
 
-The event loop owns I/O, Opus and session state; every model call goes to the worker. Four tasks run while
-streaming: the receiver (decode audio, cut frames), the frame loop (one worker step per frame, in order), the
-sender (drains the bounded outbound queue) and the once-a-second stats. Teardown closes the model on the
-worker, after any step in flight, and only then returns the slot.
+The event loop owns I/O, Opus and session state; the model runs in the batcher's ticks on the worker. Four tasks
+run while streaming: the receiver (decode audio, cut frames), the frame loop (one frame at a time into the next
+batched tick, in order), the sender (drains the bounded outbound queue) and the once-a-second stats. Teardown
+returns the slot; a tick in flight finishes before the slot's next session is prefilled.
 """
 
 from __future__ import annotations
@@ -21,29 +21,21 @@ from opentelemetry import trace
 from starlette.websockets import WebSocket, WebSocketState
 
 from backend_agent.context_store import Profile
-from frontend_model.engine import PrefillCost
 from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, LoadedModel
 from server import protocol as p
 from server.auth import RecordingSigner
 from server.backend import Backend
+from server.batcher import Batcher
 from server.frame_clock import FrameAssembler, InputFrame
 from server.limits import AbuseCounter, RateLimiter
 from server.memory import trim_heap
 from server.metrics import Metrics
-from server.model_session import (
-    FrameOutput,
-    ModelSession,
-    SpanOutcome,
-    SpanRequest,
-    build_persona_block,
-    span_event,
-)
+from server.model_session import FrameOutput, SpanOutcome, SpanRequest, build_persona_block, span_event
 from server.opus import OpusDecoder, OpusEncoder
 from server.outbound import OutboundQueue, Outgoing
 from server.recording import SessionRecording
 from server.retrieval import Retrieval, SpanAnswer
 from server.settings import ServerSettings
-from server.worker import ModelWorker, SlotPool
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("contextspan.server")
@@ -91,31 +83,29 @@ class _SecondStats:
 
 
 class Session:
-    """One client's conversation on one slot's model, from the prefill to the release of the slot."""
+    """One client's conversation on one slot of the batched model, from the prefill to the release of the slot."""
 
     def __init__(
         self,
         websocket: WebSocket,
         settings: ServerSettings,
         model: LoadedModel,
-        worker: ModelWorker,
+        batcher: Batcher,
+        slot: int,
         metrics: Metrics,
         options: SessionOptions,
-        cost: PrefillCost | None = None,
-        span_budget_s: float = 0.08,
         backend: Backend | None = None,
         user_id: str | None = None,
         signer: RecordingSigner | None = None,
     ) -> None:
-        """`cost` and `span_budget_s` let the engine cap spans so an injection keeps the frame deadline."""
         self.id = new_session_id()
         self.ws = websocket
         self.settings = settings
         self.model = model
-        self.worker = worker
+        self.batcher = batcher
+        self.slot = slot
         self.metrics = metrics
         self.options = options
-        self.model_session = ModelSession(model, settings.span_deadline_s, cost, span_budget_s)
         self.backend = backend
         self.user_id = user_id or self.id
         self.retrieval: Retrieval | None = None
@@ -142,13 +132,13 @@ class Session:
                      timings_ms: dict[str, float] | None = None) -> None:
         """Inject `text` as a Context Span at the next frame boundary (a newer request replaces a pending one).
 
-        The block is built and injected on the worker just before the next step; a `span.injected` or
-        `span.dropped` event reports frames and prefill time.
+        The block is built now and injected in the tick that steps the next frame, or a later one if that tick's
+        budget is full; a `span.injected` or `span.dropped` event reports frames and prefill time.
         """
         if self._span is not None:
             self._emit_span(SpanOutcome(self._span, False, self._span.text, reason="superseded",
                                         done=time.perf_counter()))
-        self._span = self.model_session.span_request(text, source, requested, question, tool, timings_ms)
+        self._span = self.batcher.span_request(text, source, requested, question, tool, timings_ms)
 
     def emit(self, event: p.ServerEvent) -> None:
         """Record an event in the transcript and, if the client asked for events, send it."""
@@ -175,8 +165,8 @@ class Session:
     async def _run(self) -> None:
         # Tokenising and reading a voice file: off the event loop, and off the worker that steps the others.
         prefix = await asyncio.to_thread(build_persona_block, self.model, self.options.persona, self.options.voice,
-                                         self.model_session.engine.max_span_frames)
-        prefill_s = await self.worker.run(lambda: self.model_session.open(prefix))
+                                         self.batcher.max_prefix_frames)
+        prefill_s = await self.batcher.open(self.slot, prefix)
         await self.ws.send_bytes(p.handshake())
         logger.info("session %s ready (prefix %d frames, prefill %.1f ms)", self.id,
                     prefix.frames if prefix else 0, prefill_s * 1e3)
@@ -221,24 +211,16 @@ class Session:
         await asyncio.sleep(cap - warn_at)
         raise SessionEnd(p.CLOSE_NORMAL, p.close_reason("max_duration", f"sessions last at most {cap:g} s"))
 
-    def release(self, pool: SlotPool) -> None:
-        """Close the model on the worker after any step in flight, then return the slot; never raises."""
+    def release(self) -> None:
+        """Return the slot (a tick in flight finishes first on the worker) and finish the recording; never raises."""
         if self._span is not None:
             self._emit_span(SpanOutcome(self._span, False, self._span.text, reason="session closed",
                                         done=time.perf_counter()))
             self._span = None
         self._emit_stats()  # the last partial second, for the transcript
 
-        def close_model() -> None:
-            if pool.is_lost(self.model):  # a wedged worker thread may still be using it
-                return
-            try:
-                self.model_session.close()
-            finally:
-                pool.release(self.model)
-            trim_heap()
-
-        self.worker.submit(close_model)
+        self.batcher.release(self.slot)
+        asyncio.get_running_loop().run_in_executor(None, trim_heap)
         if self.recording is not None:
             try:
                 self.recording.close()
@@ -318,8 +300,7 @@ class Session:
                 await self._frame_ready.wait()
             frame = self._frames.popleft()
             span, self._span = self._span, None
-            output = await self.worker.run(lambda f=frame, s=span: self.model_session.step(f, s))
-            self._on_output(output)
+            self._on_output(await self.batcher.step(self.slot, frame, span))
 
     def _on_output(self, out: FrameOutput) -> None:
         latency = time.perf_counter() - out.frame.arrived
@@ -333,6 +314,12 @@ class Session:
         t = (out.frame.index + 1) * FRAME_SAMPLES / SAMPLE_RATE
         if out.span is not None:
             self._emit_span(out.span)
+        if out.deferred is not None:
+            if self._span is None:
+                self._span = out.deferred
+            else:
+                self._emit_span(SpanOutcome(out.deferred, False, out.deferred.text, reason="superseded",
+                                            done=time.perf_counter()))
         if out.agent_pcm is not None:
             ogg = self.encoder.encode(out.agent_pcm)
             if ogg:

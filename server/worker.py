@@ -1,17 +1,15 @@
-"""Where model compute runs: one thread per device, fed from the event loop, and the pool of model slots."""
+"""Where model compute runs: one thread per device, fed from the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import copy
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
-from frontend_model.loading import LoadedModel
 from server.json_logging import session_id_var
 
 T = TypeVar("T")
@@ -82,49 +80,3 @@ class ModelWorker:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=False)
-
-
-class SlotPool:
-    """`size` model copies, one per concurrent session: an Engine owns its model's streaming state.
-
-    `acquire` never waits, so a full server can refuse at once; `release` is thread-safe because it runs when
-    the worker has finished closing the session. A model lost to a wedged worker is `forget`-ten, so it never
-    returns to the pool, and `add` puts a fresh one in its place.
-    """
-
-    def __init__(self, model: LoadedModel, size: int) -> None:
-        self.size = size
-        self._free: list[LoadedModel] = [model] + [copy.deepcopy(model) for _ in range(size - 1)]
-        self._lost: list[LoadedModel] = []  # held, not id()s: a freed id could come back as a fresh model
-        self._lock = threading.Lock()
-
-    def acquire(self) -> LoadedModel | None:
-        with self._lock:
-            return self._free.pop() if self._free else None
-
-    def models(self) -> list[LoadedModel]:
-        """The free models (all of them before serving starts): for warming each one up."""
-        with self._lock:
-            return list(self._free)
-
-    def release(self, model: LoadedModel) -> None:
-        with self._lock:
-            if not any(model is lost for lost in self._lost):
-                self._free.append(model)
-
-    def forget(self, model: LoadedModel) -> None:
-        with self._lock:
-            self._lost.append(model)
-
-    def is_lost(self, model: LoadedModel) -> bool:
-        with self._lock:
-            return any(model is lost for lost in self._lost)
-
-    def add(self, model: LoadedModel) -> None:
-        with self._lock:
-            self._free.append(model)
-
-    @property
-    def free(self) -> int:
-        with self._lock:
-            return len(self._free)

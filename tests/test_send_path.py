@@ -14,7 +14,6 @@ from server.metrics import Metrics
 from server.model_session import FrameOutput
 from server.session import Session, SessionOptions
 from server.settings import ServerSettings
-from server.worker import ModelWorker
 
 
 class StalledSocket:
@@ -39,9 +38,8 @@ def model() -> LoadedModel:
 async def test_stalled_client_loses_oldest_audio_only(model: LoadedModel) -> None:
     settings = ServerSettings(recordings=False, send_queue_frames=5)
     metrics = Metrics()
-    worker = ModelWorker("cpu")
     ws = StalledSocket()
-    session = Session(ws, settings, model, worker, metrics, SessionOptions(events=True))  # type: ignore[arg-type]
+    session = Session(ws, settings, model, None, 0, metrics, SessionOptions(events=True))  # type: ignore[arg-type]
     sender = asyncio.create_task(session._send_loop())
     try:
         pcm = np.zeros(FRAME_SAMPLES, np.float32)
@@ -55,4 +53,3 @@ async def test_stalled_client_loses_oldest_audio_only(model: LoadedModel) -> Non
         assert metrics.frames_dropped.labels("slow_client")._value.get() == queue.audio_dropped
     finally:
         sender.cancel()
-        worker.shutdown()

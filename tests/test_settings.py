@@ -29,7 +29,7 @@ def test_profile_defaults_follow_the_device() -> None:
     settings = settings_from_args(parse([]))
     assert settings.resolved_profile(cuda_available=False) == ("tiny", None)
     assert settings.resolved_profile(cuda_available=True) == ("moshi", "kyutai/moshiko-pytorch-bf16")
-    assert settings.resolved_max_sessions("tiny") == 2 and settings.resolved_max_sessions("moshi") == 1
+    assert settings.max_sessions == 2
     pinned = settings_from_args(parse(["--profile", "moshi-7b", "--max-sessions", "3"]))
     assert pinned.resolved_profile(cuda_available=False) == ("moshi-7b", None)
-    assert pinned.resolved_max_sessions("moshi-7b") == 3
+    assert pinned.max_sessions == 3

@@ -1,17 +1,18 @@
 """`contextspan serve` with faults injected, in its own process as in production: `python -m tests.e2e.faulty_server
-serve ...` with FAULTS set, e.g. `step_raise@20` (the first session's step raises at frame 20) or `asr_raise`
-(Whisper's worker process raises on every call)."""
+serve ...` with FAULTS set, e.g. `step_raise@20` (the first session to reach frame 20 fails in its own part of the
+tick) or `asr_raise` (Whisper's worker process raises on every call)."""
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
+from server.batcher import Batcher
 from server.cli import main
-from server.model_session import FrameOutput, ModelSession, SpanRequest
+from server.frame_clock import InputFrame
 
 
 def raising_transcribe(audio: np.ndarray) -> str:
@@ -19,25 +20,30 @@ def raising_transcribe(audio: np.ndarray) -> str:
     raise RuntimeError("injected ASR fault")
 
 
-def break_first_session_step(at_frame: int) -> None:
-    """Only the first session to reach `at_frame` (warm-up steps stop at frame 3)."""
-    original = ModelSession.step
-    fired: list[ModelSession] = []
+def break_slot_frame(at_frame: int, fault: Callable[[], None]) -> Callable[[Batcher, InputFrame], np.ndarray]:
+    """A `Batcher._slot_frame` that runs `fault` once, in the tick where the first session reaches `at_frame`
+    (calibration and warm-up ticks do not pass through it). Install it with monkeypatch or setattr."""
+    original = Batcher._slot_frame
+    fired: list[int] = []
 
-    def step(self: ModelSession, frame: Any, span: SpanRequest | None) -> FrameOutput:
+    def slot_frame(self: Batcher, frame: InputFrame) -> np.ndarray:
         if frame.index == at_frame and not fired:
-            fired.append(self)
-            raise RuntimeError("injected step fault")
-        return original(self, frame, span)
+            fired.append(frame.index)
+            fault()
+        return original(self, frame)
 
-    ModelSession.step = step  # type: ignore[method-assign]
+    return slot_frame
+
+
+def injected_step_fault() -> None:
+    raise RuntimeError("injected step fault")
 
 
 def install(faults: str) -> None:
     for fault in filter(None, faults.split(",")):
         name, _, argument = fault.partition("@")
         if name == "step_raise":
-            break_first_session_step(int(argument))
+            Batcher._slot_frame = break_slot_frame(int(argument), injected_step_fault)  # type: ignore[method-assign]
         elif name == "asr_raise":
             import server.backend
 

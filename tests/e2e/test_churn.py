@@ -88,7 +88,7 @@ def test_connect_disconnect_cycles_do_not_grow_memory(tmp_path: Path, speech: np
         before = process.memory_info().rss
         seen = asyncio.run(clients(CYCLES))
         after = process.memory_info().rss
-        assert not server.state.sessions and server.state.pool is not None and server.state.pool.free == CLIENTS
+        assert not server.state.sessions and server.state.batcher is not None and server.state.batcher.free == CLIENTS
         metrics = server.state.metrics.render().decode()
     assert after - before <= MAX_GROWTH_BYTES, f"RSS grew {(after - before) / 2**20:.1f} MB over {CYCLES} cycles"
     assert sum("session.ready" in s for s in seen) >= CYCLES // 4, "the sessions were served, not refused"

@@ -21,10 +21,11 @@ import pytest
 
 from frontend_model.loading import load_model
 from server import protocol as p
+from server.batcher import Batcher
 from server.client import StreamResult, chat_url, free_port, stream
-from server.model_session import FrameOutput, ModelSession, SpanRequest
 from server.settings import ServerSettings
 
+from .faulty_server import break_slot_frame
 from .pace import assert_kept_pace
 from .servers import RunningServer, in_process_server, start_server, stop_server
 
@@ -82,33 +83,18 @@ def test_an_asr_that_raises_is_reported_and_every_session_keeps_pace(tmp_path: P
         assert_kept_pace(result, min_frames=60)
 
 
-def break_step(monkeypatch: pytest.MonkeyPatch, at_frame: int, fault: Callable[[], None]) -> None:
-    """Make `fault` happen once, in the first session to reach `at_frame` (warm-up steps stop at frame 3)."""
-    original = ModelSession.step
-    fired: list[ModelSession] = []
-
-    def step(self: ModelSession, frame: Any, span: SpanRequest | None) -> FrameOutput:
-        if frame.index == at_frame and not fired:
-            fired.append(self)
-            fault()
-        return original(self, frame, span)
-
-    monkeypatch.setattr(ModelSession, "step", step)
-
-
 def test_a_wedged_worker_is_restarted_and_its_slots_come_back(tmp_path: Path, speech: np.ndarray,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     release = threading.Event()
     with in_process_server(settings_for(tmp_path, asr=False, worker_stall_s=1.0), load_model("tiny")) as server:
-        break_step(monkeypatch, 20, lambda: release.wait(60))
+        monkeypatch.setattr(Batcher, "_slot_frame", break_slot_frame(20, lambda: release.wait(60)))
         try:
             results = two_sessions(server.ws, speech, lambda: len(server.state.sessions))
             for result in results:
                 assert result.close_code == p.CLOSE_INTERNAL, result.close_reason
                 assert json.loads(result.close_reason)["error"] in ("worker_restarted", "internal")
-            pool = server.state.pool
-            assert pool is not None
-            asyncio.run(wait_for(lambda: pool.free == 2, timeout=60))
+            asyncio.run(wait_for(lambda: server.state.batcher is not None and server.state.batcher.free == 2,
+                                 timeout=60))
             assert "contextspan_worker_restarts_total 1.0" in server.state.metrics.render().decode()
             after = asyncio.run(stream(chat_url(server.ws, events=True), speech[: 24000 * 2]))
             assert after.close_code in (None, p.CLOSE_NORMAL) and after.audio_messages >= 20

@@ -112,7 +112,7 @@ def test_abrupt_disconnects_release_everything(inproc_server: tuple[str, object,
     import websockets
 
     url, state, loop = inproc_server
-    pool = state.pool  # type: ignore[attr-defined]
+    pool = state.batcher  # type: ignore[attr-defined]
     recordings = state.settings.recordings_dir  # type: ignore[attr-defined]
 
     async def wait_until(condition: Callable[[], bool], what: str) -> None:

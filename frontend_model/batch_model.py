@@ -1,0 +1,99 @@
+"""The model side of every session on one device: a BatchEngine and a BatchFrameCodec over the same slots.
+
+One tick encodes the user frames of the slots that have one, steps the LM once for the whole batch and decodes the
+agent audio, each with the slots that have nothing to do masked, so a slot's outputs are the ones it would get
+alone. Every method runs on the worker thread that owns the model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from frontend_model.batch_engine import BatchEngine
+from frontend_model.block import Block
+from frontend_model.codec import BatchFrameCodec
+from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, FRAME_S, SAMPLED, PrefillCost, SamplingConfig
+from frontend_model.loading import FRAME_SAMPLES, LoadedModel
+
+
+@dataclass(frozen=True)
+class SlotOutput:
+    text_token: int | None
+    agent_pcm: np.ndarray | None  # None while the slot's delays fill (its first frame)
+
+
+class BatchedModel:
+    def __init__(
+        self,
+        model: LoadedModel,
+        slots: int,
+        sampling: SamplingConfig = SAMPLED,
+        max_span_frames: int = DEFAULT_MAX_SPAN_FRAMES,
+        cost: PrefillCost | None = None,
+        frame_budget_s: float = FRAME_S,
+    ) -> None:
+        """`cost` and `frame_budget_s` cap a span so that its prefill fits the budget (see Engine)."""
+        self.model = model
+        self.slots = slots
+        self.engine = BatchEngine(model, slots, sampling, max_span_frames, cost, frame_budget_s)
+        self.codec = BatchFrameCodec(model.mimi, slots)
+        self.frames_stepped = [0] * slots
+
+    def start(self) -> None:
+        self.codec.open()
+        self.engine.start()
+
+    def close(self) -> None:
+        self.engine.close()
+        self.codec.close()
+
+    def warm_up(self, ticks: int = 3) -> None:
+        """First calls pay torch's lazy initialisation: pay it before a client's deadline depends on it. Every
+        slot is reset when a session opens it, so the warm-up leaves nothing behind."""
+        frames = dict.fromkeys(range(self.slots), np.zeros(FRAME_SAMPLES, np.float32))
+        for _ in range(ticks):
+            self.tick(frames)
+
+    def open_slot(self, slot: int, prefix: Block | None) -> float:
+        """A session takes `slot`: fresh state for it, then its persona prefix; returns the prefill seconds."""
+        self.engine.reset_slot(slot)
+        self.codec.reset_slot(slot)
+        self.frames_stepped[slot] = 0
+        if prefix is None:
+            return 0.0
+        start = time.perf_counter()
+        self.engine.prefill_slot(slot, prefix)
+        return time.perf_counter() - start
+
+    def inject(self, slot: int, block: Block) -> None:
+        self.engine.inject_slot(slot, block)
+
+    @torch.no_grad()
+    def tick(self, frames: dict[int, np.ndarray]) -> dict[int, SlotOutput]:
+        """One frame for each slot in `frames` (slot -> 1920 samples of user PCM), as one batch."""
+        active = torch.zeros(self.slots, dtype=torch.bool)
+        pcm = np.zeros((self.slots, FRAME_SAMPLES), np.float32)
+        for slot, frame in frames.items():
+            active[slot] = True
+            pcm[slot] = frame
+        results = self.engine.step_slots(self.codec.encode(pcm, active), active)
+        speaking = torch.tensor([r is not None and r.agent_codes is not None for r in results])
+        agent_pcm = None
+        if bool(speaking.any()):
+            codes = torch.zeros((self.slots, self.model.span.agent_codebooks), dtype=torch.long)
+            for slot, result in enumerate(results):
+                if result is not None and result.agent_codes is not None:
+                    codes[slot] = result.agent_codes
+            agent_pcm = self.codec.decode(codes, speaking)
+        outputs: dict[int, SlotOutput] = {}
+        for slot in frames:
+            result = results[slot]
+            assert result is not None  # an active slot always has a result
+            self.frames_stepped[slot] += 1
+            audio = agent_pcm[slot].copy() if agent_pcm is not None and bool(speaking[slot]) else None
+            outputs[slot] = SlotOutput(result.text_token, audio)
+        return outputs

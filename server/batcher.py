@@ -1,0 +1,204 @@
+"""Every session's frames go through one batched model: slots, the tick loop, and span scheduling per tick.
+
+Sessions hand their next frame (and the span to inject before it, if any) to `step` and await its output. The
+tick loop, on the event loop, decides with the TickScheduler when to run a tick over the frames waiting and which
+spans fit its budget, and runs it on the model worker. A span that does not fit comes back `deferred` for the
+session's next frame. A failure in one slot's own work (its frame, its span) fails that session only; a failure
+of the batched forward fails the sessions in that tick, as their model state can no longer be trusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from frontend_model.batch_model import BatchedModel
+from frontend_model.block import Block
+from frontend_model.calibration import TickCost
+from frontend_model.loading import FRAME_SAMPLES
+from server.frame_clock import InputFrame
+from server.metrics import Metrics
+from server.model_session import FrameOutput, SpanOutcome, SpanRequest, inject_span
+from server.tick_scheduler import Capacity, TickScheduler, Waiting
+from server.worker import ModelWorker
+
+logger = logging.getLogger(__name__)
+
+
+class BadFrame(ValueError):
+    """A frame the model must not see (wrong size, not finite): its session fails, the others go on."""
+
+
+@dataclass
+class _Pending:
+    frame: InputFrame
+    span: SpanRequest | None
+    future: asyncio.Future[FrameOutput]
+
+
+@dataclass(frozen=True)
+class _SlotResult:
+    output: FrameOutput | None
+    error: BaseException | None = None
+
+
+class Batcher:
+    def __init__(self, model: BatchedModel, worker: ModelWorker, cost: TickCost, capacity: Capacity,
+                 budget_s: float, span_deadline_s: float, metrics: Metrics) -> None:
+        self.model = model
+        self.worker = worker
+        self.cost = cost
+        self.capacity = capacity
+        self.span_deadline_s = span_deadline_s
+        self.metrics = metrics
+        self.scheduler = TickScheduler(budget_s, cost.tick, cost.span, model.slots)
+        self._free = list(range(model.slots - 1, -1, -1))
+        self._active: set[int] = set()
+        self._pending: dict[int, _Pending] = {}
+        self._in_flight: dict[int, _Pending] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def size(self) -> int:
+        return self.model.slots
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self, reason: BaseException) -> None:
+        """Stop ticking; every session waiting on a frame gets `reason` raised (its model state is gone)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for pending in [*self._pending.values(), *self._in_flight.values()]:
+            if not pending.future.done():
+                pending.future.set_exception(reason)
+        self._pending.clear()
+        self._in_flight.clear()
+
+    # slots --------------------------------------------------------------------------------------------------
+    def acquire(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    async def open(self, slot: int, prefix: Block | None) -> float:
+        """Fresh state for `slot` and its persona prefilled, on the worker between ticks; returns prefill seconds."""
+        prefill_s = await self.worker.run(lambda: self.model.open_slot(slot, prefix))
+        self._active.add(slot)
+        return prefill_s
+
+    def release(self, slot: int) -> None:
+        """The session is gone: its slot stops counting for ticks and is free for the next session, whose `open`
+        queues behind any tick in flight on the worker."""
+        self._active.discard(slot)
+        pending = self._pending.pop(slot, None)
+        if pending is not None:
+            pending.future.cancel()
+        self._free.append(slot)
+        self._wake.set()
+
+    def span_request(self, text: str, source: str | None, requested: float | None = None,
+                     question: str | None = None, tool: str | None = None,
+                     timings_ms: dict[str, float] | None = None) -> SpanRequest:
+        """Normalise and tokenise now, on the caller's thread: the tick that injects it only runs the forward."""
+        start = time.perf_counter()
+        built = self.model.engine.prepare_span(text)
+        return SpanRequest(text, source, requested or start, built, time.perf_counter() - start, question, tool,
+                           timings_ms or {})
+
+    @property
+    def max_prefix_frames(self) -> int:
+        return self.model.engine.max_span_frames
+
+    # frames -------------------------------------------------------------------------------------------------
+    async def step(self, slot: int, frame: InputFrame, span: SpanRequest | None) -> FrameOutput:
+        """The output for `frame`, computed in the next tick that takes it; one frame per slot at a time."""
+        if slot in self._pending:
+            raise RuntimeError(f"slot {slot} already has a frame waiting")
+        future: asyncio.Future[FrameOutput] = asyncio.get_running_loop().create_future()
+        self._pending[slot] = _Pending(frame, span, future)
+        self._wake.set()
+        return await future
+
+    async def _loop(self) -> None:
+        while True:
+            waiting = [self._waiting(slot, p) for slot, p in self._pending.items()]
+            wait = self.scheduler.wait_s(time.perf_counter(), waiting, len(self._active))
+            if wait > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), None if math.isinf(wait) else wait)
+                continue
+            taken, self._pending = self._pending, {}
+            self._in_flight = taken
+            plan = self.scheduler.plan_spans(time.perf_counter(), [self._waiting(s, p) for s, p in taken.items()])
+            if plan.defer:
+                self.metrics.spans_deferred.inc(len(plan.defer))
+            frames = {slot: (p.frame, p.span) for slot, p in taken.items()}
+            try:
+                results = await self.worker.run(lambda f=frames, d=set(plan.defer): self._tick(f, d))
+            except Exception as exc:  # the batched forward failed, or the worker was restarted under it
+                for pending in taken.values():
+                    if not pending.future.done():
+                        pending.future.set_exception(exc)
+                continue
+            for slot, pending in taken.items():
+                if pending.future.done():  # released while the tick ran
+                    continue
+                result = results[slot]
+                if result.error is not None:
+                    pending.future.set_exception(result.error)
+                else:
+                    pending.future.set_result(result.output)  # type: ignore[arg-type]
+
+    def _waiting(self, slot: int, pending: _Pending) -> Waiting:
+        span = pending.span
+        frames = span.built.frames if span is not None and span.built.block is not None else 0
+        return Waiting(slot, pending.frame.arrived, frames, span.requested if span is not None else 0.0)
+
+    # on the worker thread -----------------------------------------------------------------------------------
+    def _tick(self, frames: dict[int, tuple[InputFrame, SpanRequest | None]],
+              defer: set[int]) -> dict[int, _SlotResult]:
+        start = time.perf_counter()
+        failed: dict[int, _SlotResult] = {}
+        outcomes: dict[int, SpanOutcome | None] = {}
+        pcm: dict[int, np.ndarray] = {}
+        for slot, (frame, span) in frames.items():
+            try:
+                pcm[slot] = self._slot_frame(frame)
+                outcomes[slot] = self._slot_span(slot, span) if span is not None and slot not in defer else None
+            except Exception as exc:
+                logger.exception("slot %d failed before the tick", slot)
+                failed[slot] = _SlotResult(None, exc)
+        outputs = self.model.tick(pcm) if pcm else {}
+        compute_s = time.perf_counter() - start
+        self.metrics.batch_size.observe(len(pcm))
+        self.metrics.tick_seconds.observe(compute_s)
+        results = dict(failed)
+        for slot, out in outputs.items():
+            frame, span = frames[slot]
+            deferred = span if slot in defer else None
+            results[slot] = _SlotResult(FrameOutput(frame, out.agent_pcm, out.text_token, compute_s, outcomes[slot],
+                                                    deferred))
+        return results
+
+    def _slot_frame(self, frame: InputFrame) -> np.ndarray:
+        pcm = frame.pcm
+        if pcm.shape != (FRAME_SAMPLES,) or not np.isfinite(pcm).all():
+            raise BadFrame(f"frame {frame.index}: expected {FRAME_SAMPLES} finite samples")
+        return pcm
+
+    def _slot_span(self, slot: int, span: SpanRequest) -> SpanOutcome:
+        return inject_span(span, self.span_deadline_s, self.model.frames_stepped[slot],
+                           lambda: self.model.engine.slot_offset(slot), lambda block: self.model.inject(slot, block))

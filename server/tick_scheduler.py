@@ -1,0 +1,92 @@
+"""When to run the next batched tick, which spans ride on it, and how many sessions fit: pure decisions.
+
+A tick costs about the same whatever number of its slots have a frame, and sessions' frames arrive at their own
+phases. Running a tick per arriving frame would spend a whole tick on each; waiting for every session would make
+the first frame late. So a tick waits for more frames only while its oldest frame can still make the deadline:
+the hold is the frame budget less the predicted tick (with the spans it carries) and a safety margin.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Share of the frame budget a full tick may take at admission: the rest is for a span's prefill, waiting for
+# frames of other phases, and the event loop's Opus and WebSocket work.
+TICK_SHARE = 0.75
+MARGIN_S = 0.008
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A slot's frame waiting for a tick: when it arrived and the frames of the span it carries (0: none)."""
+
+    slot: int
+    arrived: float
+    span_frames: int = 0
+    span_requested: float = 0.0
+
+
+@dataclass(frozen=True)
+class SpanPlan:
+    inject: list[int]
+    defer: list[int]
+
+
+@dataclass(frozen=True)
+class Capacity:
+    slots: int
+    reason: str  # why not one more: said in the 1013 refusal
+
+
+class TickScheduler:
+    def __init__(self, budget_s: float, tick_s: Callable[[int], float], span_s: Callable[[int], float],
+                 batch: int, margin_s: float = MARGIN_S) -> None:
+        """`tick_s(batch)` and `span_s(frames)` are the calibrated predictions (frontend_model.calibration)."""
+        self.budget_s = budget_s
+        self.batch = batch
+        self.tick_cost = tick_s(batch)
+        self.span_s = span_s
+        self.margin_s = margin_s
+
+    def wait_s(self, now: float, waiting: list[Waiting], active: int) -> float:
+        """Seconds to wait before running a tick over `waiting` (0: now; inf: nothing to run)."""
+        if not waiting:
+            return math.inf
+        if len(waiting) >= active:
+            return 0.0
+        oldest = min(w.arrived for w in waiting)
+        predicted = self.tick_cost + sum(self.span_s(w.span_frames) for w in waiting)
+        hold = self.budget_s - predicted - self.margin_s
+        return max(0.0, oldest + hold - now)
+
+    def plan_spans(self, now: float, waiting: list[Waiting]) -> SpanPlan:
+        """Spans that fit what is left of the oldest frame's budget after the tick, oldest request first."""
+        if not waiting:
+            return SpanPlan([], [])
+        left = min(w.arrived for w in waiting) + self.budget_s - now - self.tick_cost
+        inject: list[int] = []
+        defer: list[int] = []
+        for w in sorted((w for w in waiting if w.span_frames > 0), key=lambda w: w.span_requested):
+            cost = self.span_s(w.span_frames)
+            if cost <= left:
+                inject.append(w.slot)
+                left -= cost
+            else:
+                defer.append(w.slot)
+        return SpanPlan(inject, defer)
+
+
+def capacity(tick_s: Callable[[int], float], budget_s: float, max_sessions: int) -> Capacity:
+    """Most sessions whose full tick stays within TICK_SHARE of the budget, at most `max_sessions`."""
+    limit = budget_s * TICK_SHARE
+    slots = 0
+    while slots < max_sessions and tick_s(slots + 1) <= limit:
+        slots += 1
+    slots = max(slots, 1)  # one session always runs: refusing everyone would serve no one
+    if slots == max_sessions:
+        return Capacity(slots, f"max_sessions is {max_sessions}")
+    # Short: it travels in a WebSocket close reason (123 bytes with the JSON around it).
+    return Capacity(slots, f"a tick of {slots + 1} would take {tick_s(slots + 1) * 1e3:.0f} ms > {TICK_SHARE:.0%} of "
+                           f"the {budget_s * 1e3:.0f} ms frame")

@@ -1,0 +1,68 @@
+"""Sessions on one batched model over real WebSockets: they share ticks, and admission follows the tick budget."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import websockets
+from prometheus_client import Histogram
+
+from frontend_model.loading import load_model
+from server import protocol as p
+from server.client import chat_url, free_port, stream
+from server.settings import ServerSettings
+
+from .pace import assert_kept_pace
+from .servers import in_process_server
+
+pytestmark = pytest.mark.slow
+
+
+def count_and_sum(histogram: Histogram) -> tuple[float, float]:
+    values = {s.name.rsplit("_", 1)[1]: s.value for s in histogram.collect()[0].samples if "le" not in s.labels}
+    return values["count"], values["sum"]
+
+
+def test_three_sessions_share_ticks_and_keep_pace(tmp_path: Path, speech: np.ndarray) -> None:
+    settings = ServerSettings(port=free_port(), recordings_dir=tmp_path / "rec", max_sessions=3, asr=False)
+    with in_process_server(settings, load_model("tiny")) as server:
+        assert server.state.batcher is not None and server.state.batcher.size == 3
+
+        async def run() -> list:
+            return list(await asyncio.gather(*(stream(chat_url(server.ws, events=True), speech) for _ in range(3))))
+
+        results = asyncio.run(run())
+        ticks, frames_in_ticks = count_and_sum(server.state.metrics.batch_size)
+    for result in results:
+        assert result.close_code in (None, p.CLOSE_NORMAL)
+        assert_kept_pace(result, min_frames=50)
+    frames_reported = sum(len(s.latency_ms) for r in results for s in r.of_type("stats"))
+    assert frames_in_ticks >= frames_reported > 0
+    assert ticks < 0.9 * frames_in_ticks, f"{ticks:.0f} ticks for {frames_in_ticks:.0f} frames: few were shared"
+
+
+def test_admission_refuses_with_1013_when_the_tick_would_not_fit(tmp_path: Path, speech: np.ndarray) -> None:
+    # A 20 ms frame budget: a tick of two tiny sessions (tens of ms on a CPU) cannot fit 75 % of it.
+    settings = ServerSettings(port=free_port(), recordings=False, max_sessions=4, asr=False, deadline_ms=20)
+    with in_process_server(settings, load_model("tiny")) as server:
+        assert server.state.batcher is not None and server.state.batcher.size == 1
+
+        async def run() -> tuple[int | None, str]:
+            first = asyncio.create_task(stream(chat_url(server.ws), speech[: 24000 * 3]))
+            await asyncio.sleep(1.0)
+            async with websockets.connect(chat_url(server.ws)) as ws:
+                with pytest.raises(websockets.ConnectionClosed):
+                    await asyncio.wait_for(ws.recv(), timeout=5)
+            await first
+            return ws.close_code, ws.close_reason or ""
+
+        code, reason = asyncio.run(run())
+    assert code == p.CLOSE_TRY_AGAIN
+    refusal = json.loads(reason)
+    assert refusal["error"] == "at_capacity"
+    assert re.fullmatch(r"all 1 slots busy; a tick of 2 would take \d+ ms > 75% of the 20 ms frame", refusal["message"])
