@@ -64,21 +64,31 @@ async def drive(url: str, sessions: int, pcm: np.ndarray, pid: int | None) -> tu
             samples["cpu_percent"].append(proc.cpu_percent(None))
             samples["rss_mb"].append(proc.memory_info().rss / 2**20)
 
+    async def client(k: int) -> StreamResult:
+        # Spread the clients' frame phases evenly over one frame: the hardest case for sharing ticks (clients
+        # started together would have their frames arrive together).
+        await asyncio.sleep(k * FRAME_SAMPLES / SAMPLE_RATE / sessions)
+        return await stream(chat_url(ws, events=True), pcm)
+
     sampler = asyncio.create_task(sample())
     ws = url.replace("http", "ws", 1)
     try:
-        results = await asyncio.gather(*[stream(chat_url(ws, events=True), pcm) for _ in range(sessions)])
+        results = await asyncio.gather(*[client(k) for k in range(sessions)])
     finally:
         sampler.cancel()
     return list(results), samples
 
 
-def mean_step_compute_ms(metrics: str) -> float | None:
-    total = re.search(r"^contextspan_step_latency_seconds_sum (\S+)", metrics, re.M)
-    count = re.search(r"^contextspan_step_latency_seconds_count (\S+)", metrics, re.M)
+def histogram_mean(metrics: str, name: str) -> float | None:
+    total = re.search(rf"^{name}_sum (\S+)", metrics, re.M)
+    count = re.search(rf"^{name}_count (\S+)", metrics, re.M)
     if not (total and count) or float(count.group(1)) == 0:
         return None
-    return round(1e3 * float(total.group(1)) / float(count.group(1)), 2)
+    return float(total.group(1)) / float(count.group(1))
+
+
+def rounded(value: float | None, scale: float = 1.0) -> float | None:
+    return None if value is None else round(value * scale, 2)
 
 
 def report(args: argparse.Namespace, results: list[StreamResult], samples: dict, metrics: str) -> dict[str, Any]:
@@ -100,7 +110,8 @@ def report(args: argparse.Namespace, results: list[StreamResult], samples: dict,
             "p99": round(float(np.percentile(latencies, 99)), 2) if latencies.size else None,
             "max": round(float(latencies.max()), 2) if latencies.size else None,
         },
-        "mean_step_compute_ms": mean_step_compute_ms(metrics),
+        "mean_tick_ms": rounded(histogram_mean(metrics, "contextspan_tick_seconds"), 1e3),
+        "mean_batch_size": rounded(histogram_mean(metrics, "contextspan_batch_size")),
         "deadline_ms": 80.0,
         "deadline_misses": sum(s.deadline_misses for s in stats),
         "audio_dropped": sum(r.of_type("stats")[-1].audio_dropped for r in results if r.of_type("stats")),
@@ -138,7 +149,8 @@ def main(argv: list[str]) -> int:
     lat = result["latency_ms"]
     print(f"{args.sessions} sessions x {args.seconds:.0f} s ({args.profile}): frame latency p50 {lat['p50']} ms, "
           f"p99 {lat['p99']} ms, max {lat['max']} ms; deadline misses {result['deadline_misses']} of "
-          f"{result['frames_measured']} frames; audio dropped {result['audio_dropped']}; server CPU mean "
+          f"{result['frames_measured']} frames; {result['mean_batch_size']} sessions per tick of "
+          f"{result['mean_tick_ms']} ms; audio dropped {result['audio_dropped']}; server CPU mean "
           f"{result['server_cpu_percent']['mean']} %, RSS max {result['server_rss_mb']['max']} MB")
     save_json(args.json, result)
     return 0

@@ -23,7 +23,7 @@ from frontend_model.engine import (
     StepResult,
 )
 from frontend_model.loading import LoadedModel
-from frontend_model.row_view import single_row
+from frontend_model.row_view import active_rows, rows
 
 
 class BatchEngine(Engine):
@@ -41,6 +41,8 @@ class BatchEngine(Engine):
             raise ValueError("a batch needs at least one slot")
         self.slots = slots
         self._span_slot = 0
+        # Step only the rows from the first to the last with a frame: eager on CPU; CUDA graphs want the batch.
+        self.compact = model.device.type != "cuda"
 
     def slot_offset(self, slot: int) -> int:
         return int(self._state().offsets[slot])
@@ -65,16 +67,19 @@ class BatchEngine(Engine):
             raise ValueError(f"expected codes [{self.slots}, {self.span.user_codebooks}] and a mask [{self.slots}]")
         active = active.to(self.model.device, torch.bool)
         self.lm_gen.set_exec_mask(active)
-        out = self.lm_gen.step(user_codes.to(self.model.device, torch.long)[:, :, None])
+        lo, hi = active_rows(active, self.compact)
+        with rows([self.lm_gen], lo, hi):
+            out = self.lm_gen.step(user_codes.to(self.model.device, torch.long)[lo:hi, :, None])
         self.steps += 1
         results: list[StepResult | None] = []
         for slot, is_active in enumerate(active.tolist()):
             if not is_active:
                 results.append(None)
-            elif out is None or int(out[slot, 0, 0]) == self.model.lm.ungenerated_token_id:
+            elif out is None or int(out[slot - lo, 0, 0]) == self.model.lm.ungenerated_token_id:
                 results.append(StepResult(None, None))
             else:
-                results.append(StepResult(int(out[slot, 0, 0]), out[slot, 1 : 1 + self.span.agent_codebooks, 0]))
+                codes = out[slot - lo, 1 : 1 + self.span.agent_codebooks, 0]
+                results.append(StepResult(int(out[slot - lo, 0, 0]), codes))
         return results
 
     @torch.no_grad()
@@ -100,7 +105,7 @@ class BatchEngine(Engine):
     def _forward_span(self, inputs: torch.Tensor, state: Any) -> None:
         """Only the injecting slot's row goes through the transformer: the others would be computed for nothing."""
         slot = self._span_slot
-        with single_row(self.model.lm.transformer, slot):
+        with rows([self.model.lm.transformer], slot, slot + 1):
             self.model.lm.forward_text(inputs[slot : slot + 1], state.condition_sum, state.condition_cross)
 
     def _one_hot(self, slot: int) -> torch.Tensor:

@@ -9,6 +9,7 @@ import torch
 from moshi.models.compression import MimiModel
 
 from frontend_model.loading import FRAME_SAMPLES
+from frontend_model.row_view import active_rows, rows
 
 
 class FrameCodec:
@@ -51,6 +52,7 @@ class BatchFrameCodec:
         self.mimi = mimi
         self.slots = slots
         self.device = next(mimi.parameters()).device
+        self.compact = self.device.type != "cuda"  # as in BatchEngine
         self._stream: ExitStack | None = None
 
     def open(self) -> None:
@@ -71,12 +73,24 @@ class BatchFrameCodec:
     @torch.no_grad()
     def encode(self, pcm: np.ndarray, active: torch.Tensor) -> torch.Tensor:
         """[slots, 1920] PCM -> [slots, codebooks] codes; rows of inactive slots are meaningless."""
-        self.mimi.set_exec_mask(active.to(self.device))
-        x = torch.from_numpy(np.ascontiguousarray(pcm, dtype=np.float32)).to(self.device)[:, None]
-        return self.mimi.encode(x)[:, :, 0]
+        active = active.to(self.device)
+        self.mimi.set_exec_mask(active)
+        lo, hi = active_rows(active, self.compact)
+        x = torch.from_numpy(np.ascontiguousarray(pcm[lo:hi], dtype=np.float32)).to(self.device)[:, None]
+        with rows([self.mimi], lo, hi):
+            codes = self.mimi.encode(x)[:, :, 0]
+        out = torch.zeros((self.slots, codes.shape[1]), dtype=codes.dtype, device=codes.device)
+        out[lo:hi] = codes
+        return out
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, active: torch.Tensor) -> np.ndarray:
         """[slots, codebooks] -> [slots, 1920] PCM; rows of inactive slots are meaningless."""
-        self.mimi.set_exec_mask(active.to(self.device))
-        return self.mimi.decode(codes.to(self.device)[:, :, None])[:, 0].float().cpu().numpy()
+        active = active.to(self.device)
+        self.mimi.set_exec_mask(active)
+        lo, hi = active_rows(active, self.compact)
+        with rows([self.mimi], lo, hi):
+            pcm = self.mimi.decode(codes[lo:hi].to(self.device)[:, :, None])[:, 0].float().cpu().numpy()
+        out = np.zeros((self.slots, pcm.shape[1]), np.float32)
+        out[lo:hi] = pcm
+        return out

@@ -57,11 +57,12 @@ class Batcher:
         self.capacity = capacity
         self.span_deadline_s = span_deadline_s
         self.metrics = metrics
-        self.scheduler = TickScheduler(budget_s, cost.tick, cost.span, model.slots)
+        self.scheduler = TickScheduler(budget_s, cost.tick, cost.span, model.slots, model.engine.compact)
         self._free = list(range(model.slots - 1, -1, -1))
         self._active: set[int] = set()
         self._pending: dict[int, _Pending] = {}
         self._in_flight: dict[int, _Pending] = {}
+        self._deferrals: dict[int, tuple[SpanRequest, int]] = {}  # slot -> its span put off, and how many times
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -102,6 +103,7 @@ class Batcher:
         """The session is gone: its slot stops counting for ticks and is free for the next session, whose `open`
         queues behind any tick in flight on the worker."""
         self._active.discard(slot)
+        self._deferrals.pop(slot, None)
         pending = self._pending.pop(slot, None)
         if pending is not None:
             pending.future.cancel()
@@ -145,6 +147,7 @@ class Batcher:
             plan = self.scheduler.plan_spans(time.perf_counter(), [self._waiting(s, p) for s, p in taken.items()])
             if plan.defer:
                 self.metrics.spans_deferred.inc(len(plan.defer))
+            self._count_deferrals(taken, plan.defer)
             frames = {slot: (p.frame, p.span) for slot, p in taken.items()}
             try:
                 results = await self.worker.run(lambda f=frames, d=set(plan.defer): self._tick(f, d))
@@ -161,11 +164,30 @@ class Batcher:
                     pending.future.set_exception(result.error)
                 else:
                     pending.future.set_result(result.output)  # type: ignore[arg-type]
+            # Let the sessions just answered hand in their next frames before the next tick is planned: a session
+            # with a backlog has one ready, and a tick planned without it would run for fewer sessions than it
+            # could, which under load is how a backlog feeds itself.
+            await asyncio.sleep(0)
 
     def _waiting(self, slot: int, pending: _Pending) -> Waiting:
         span = pending.span
-        frames = span.built.frames if span is not None and span.built.block is not None else 0
-        return Waiting(slot, pending.frame.arrived, frames, span.requested if span is not None else 0.0)
+        if span is None:
+            return Waiting(slot, pending.frame.arrived)
+        frames = span.built.frames if span.built.block is not None else 0
+        return Waiting(slot, pending.frame.arrived, frames, span.requested, self._deferred_ticks(slot, span))
+
+    def _deferred_ticks(self, slot: int, span: SpanRequest) -> int:
+        known = self._deferrals.get(slot)
+        return known[1] if known is not None and known[0] is span else 0
+
+    def _count_deferrals(self, taken: dict[int, _Pending], defer: list[int]) -> None:
+        for slot, pending in taken.items():
+            if pending.span is None:
+                continue
+            if slot in defer:
+                self._deferrals[slot] = (pending.span, self._deferred_ticks(slot, pending.span) + 1)
+            else:
+                self._deferrals.pop(slot, None)
 
     # on the worker thread -----------------------------------------------------------------------------------
     def _tick(self, frames: dict[int, tuple[InputFrame, SpanRequest | None]],

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 # frames of other phases, and the event loop's Opus and WebSocket work.
 TICK_SHARE = 0.75
 MARGIN_S = 0.008
+# Ticks a span may be put off before it rides regardless: with a backlog (an overloaded worker, a client that
+# sends faster than real time) no tick has room, and the answer would wait until its deadline drops it.
+MAX_DEFERS = 4
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class Waiting:
     arrived: float
     span_frames: int = 0
     span_requested: float = 0.0
+    span_deferrals: int = 0
 
 
 @dataclass(frozen=True)
@@ -42,13 +46,21 @@ class Capacity:
 
 class TickScheduler:
     def __init__(self, budget_s: float, tick_s: Callable[[int], float], span_s: Callable[[int], float],
-                 batch: int, margin_s: float = MARGIN_S) -> None:
-        """`tick_s(batch)` and `span_s(frames)` are the calibrated predictions (frontend_model.calibration)."""
+                 batch: int, compact: bool, margin_s: float = MARGIN_S) -> None:
+        """`tick_s(rows)` and `span_s(frames)` are the calibrated predictions (frontend_model.calibration);
+        `compact`: a tick computes the rows from the first to the last slot with a frame, else the whole batch."""
         self.budget_s = budget_s
         self.batch = batch
-        self.tick_cost = tick_s(batch)
+        self.tick_s = tick_s
         self.span_s = span_s
+        self.compact = compact
         self.margin_s = margin_s
+
+    def tick_cost(self, waiting: list[Waiting]) -> float:
+        if not self.compact or not waiting:
+            return self.tick_s(self.batch)
+        slots = [w.slot for w in waiting]
+        return self.tick_s(max(slots) - min(slots) + 1)
 
     def wait_s(self, now: float, waiting: list[Waiting], active: int) -> float:
         """Seconds to wait before running a tick over `waiting` (0: now; inf: nothing to run)."""
@@ -57,20 +69,22 @@ class TickScheduler:
         if len(waiting) >= active:
             return 0.0
         oldest = min(w.arrived for w in waiting)
-        predicted = self.tick_cost + sum(self.span_s(w.span_frames) for w in waiting)
+        predicted = self.tick_cost(waiting) + sum(self.span_s(w.span_frames) for w in waiting)
         hold = self.budget_s - predicted - self.margin_s
         return max(0.0, oldest + hold - now)
 
     def plan_spans(self, now: float, waiting: list[Waiting]) -> SpanPlan:
-        """Spans that fit what is left of the oldest frame's budget after the tick, oldest request first."""
+        """Spans that fit what is left of the oldest frame's budget after the tick, oldest request first; a span
+        put off MAX_DEFERS times rides anyway."""
         if not waiting:
             return SpanPlan([], [])
-        left = min(w.arrived for w in waiting) + self.budget_s - now - self.tick_cost
+        left = min(w.arrived for w in waiting) + self.budget_s - now - self.tick_cost(waiting)
         inject: list[int] = []
         defer: list[int] = []
-        for w in sorted((w for w in waiting if w.span_frames > 0), key=lambda w: w.span_requested):
+        spans = [w for w in waiting if w.span_frames > 0]
+        for w in sorted(spans, key=lambda w: (w.span_deferrals < MAX_DEFERS, w.span_requested)):
             cost = self.span_s(w.span_frames)
-            if cost <= left:
+            if cost <= left or w.span_deferrals >= MAX_DEFERS:
                 inject.append(w.slot)
                 left -= cost
             else:

@@ -53,10 +53,11 @@ def alone(model: LoadedModel, plan: Plan, block: Block | None) -> list[tuple]:
     return outputs(got)
 
 
-def batched(model: LoadedModel, plans: list[Plan], blocks: list[Block | None]) -> list[list[tuple]]:
+def batched(model: LoadedModel, plans: list[Plan], blocks: list[Block | None], compact: bool) -> list[list[tuple]]:
     frames = [user_frames(TICKS, p.seed) for p in plans]
     got: list[list] = [[] for _ in plans]
     with BatchEngine(model, len(plans), GREEDY, max_span_frames=MAX_SPAN) as engine:
+        engine.compact = compact
         for tick in range(TICKS):
             for slot, plan in enumerate(plans):
                 if tick == plan.join and tick > 0:
@@ -71,27 +72,30 @@ def batched(model: LoadedModel, plans: list[Plan], blocks: list[Block | None]) -
     return [outputs(g) for g in got]
 
 
-def run_and_compare(model: LoadedModel, plans: list[Plan]) -> None:
+def run_and_compare(model: LoadedModel, plans: list[Plan], compact: bool) -> None:
     probe = Engine(model, GREEDY, max_span_frames=MAX_SPAN)
     blocks = [span_like_block(probe, p.span_frames, seed=p.seed) if p.span_at is not None else None for p in plans]
-    together = batched(model, plans, blocks)
+    together = batched(model, plans, blocks, compact)
     for slot, plan in enumerate(plans):
         expected = alone(model, plan, blocks[slot])
         assert together[slot] == expected, f"slot {slot} differs from running alone"
         assert sum(1 for text, _ in expected if text is not None) > 10
 
 
-def test_four_sessions_equal_alone_with_a_span_mid_stream_after_wrap(model: LoadedModel) -> None:
-    run_and_compare(model, [Plan(1), Plan(2, span_at=50, span_frames=MAX_SPAN), Plan(3, span_at=5), Plan(4)])
+# compact: only the rows with a frame are stepped (CPU); not compact: the whole batch, masked rows too (CUDA graphs).
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "whole-batch"])
+def test_four_sessions_equal_alone_with_a_span_mid_stream_after_wrap(model: LoadedModel, compact: bool) -> None:
+    run_and_compare(model, [Plan(1), Plan(2, span_at=50, span_frames=MAX_SPAN), Plan(3, span_at=5), Plan(4)], compact)
 
 
-def test_masked_ticks_and_joins_and_leaves_do_not_change_the_others(model: LoadedModel) -> None:
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "whole-batch"])
+def test_masked_ticks_and_joins_and_leaves_do_not_change_the_others(model: LoadedModel, compact: bool) -> None:
     run_and_compare(model, [
         Plan(5, idle={3, 4, 20, 41}),
         Plan(6, join=12, leave=55, span_at=40),
         Plan(7, leave=30),
         Plan(8, join=31, span_at=45, span_frames=4),
-    ])
+    ], compact)
 
 
 def test_a_span_for_one_slot_leaves_the_other_caches_bit_for_bit(model: LoadedModel) -> None:
@@ -110,8 +114,11 @@ def test_a_span_for_one_slot_leaves_the_other_caches_bit_for_bit(model: LoadedMo
 
 
 def _masked_step_changes_row(model: LoadedModel) -> bool:
-    """Step both rows past the ring's capacity, then one tick with row 1 masked: did row 1's keys change?"""
+    """Step both rows past the ring's capacity, then one tick with row 1 masked: did row 1's keys change?
+
+    The whole batch is stepped, masked row included, as under CUDA graphs (on CPU only the active rows are)."""
     with BatchEngine(model, 2, GREEDY, max_span_frames=MAX_SPAN) as engine:
+        engine.compact = False
         frames = user_frames(60, seed=9)
         for tick in range(59):
             engine.step_slots(torch.stack([frames[tick], frames[58 - tick]]), torch.tensor([True, True]))

@@ -64,10 +64,11 @@ def alone(model: LoadedModel, plan: Plan, prefix: Block | None, span: Block | No
 
 
 def batched(model: LoadedModel, plans: list[Plan], prefixes: list[Block | None],
-            spans: list[Block | None]) -> list[list[tuple]]:
+            spans: list[Block | None], compact: bool) -> list[list[tuple]]:
     pcm = [speech(p.seed) for p in plans]
     got: list[list[tuple]] = [[] for _ in plans]
     together = BatchedModel(model, len(plans), GREEDY, max_span_frames=MAX_SPAN)
+    together.engine.compact = together.codec.compact = compact
     together.start()
     together.warm_up()  # leaves nothing behind: each slot is reset when it opens
     try:
@@ -87,7 +88,9 @@ def batched(model: LoadedModel, plans: list[Plan], prefixes: list[Block | None],
     return got
 
 
-def test_four_sessions_in_one_batch_equal_each_alone(model: LoadedModel) -> None:
+# compact: only the rows with a frame are computed (CPU); not compact: the whole batch (CUDA graphs).
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "whole-batch"])
+def test_four_sessions_in_one_batch_equal_each_alone(model: LoadedModel, compact: bool) -> None:
     plans = [
         Plan(1, idle={4, 5, 30}, span_at=45),
         Plan(2, prefix_frames=6, span_at=12),
@@ -98,7 +101,7 @@ def test_four_sessions_in_one_batch_equal_each_alone(model: LoadedModel) -> None
     prefixes = [span_like_block(probe, p.prefix_frames, seed=100 + p.seed) if p.prefix_frames else None
                 for p in plans]
     spans = [span_like_block(probe, MAX_SPAN, seed=p.seed) if p.span_at is not None else None for p in plans]
-    together = batched(model, plans, prefixes, spans)
+    together = batched(model, plans, prefixes, spans, compact)
     for slot, plan in enumerate(plans):
         expected = alone(model, plan, prefixes[slot], spans[slot])
         assert len(together[slot]) == len(expected)

@@ -8,7 +8,7 @@ import pytest
 
 from frontend_model.calibration import TickCost, tick_sizes
 from frontend_model.engine import PrefillCost
-from server.tick_scheduler import MARGIN_S, TickScheduler, Waiting, capacity
+from server.tick_scheduler import MARGIN_S, MAX_DEFERS, TickScheduler, Waiting, capacity
 
 BUDGET = 0.080
 
@@ -22,7 +22,7 @@ def per_frame(ms: float):
 
 
 def test_waits_only_while_the_oldest_frame_can_still_make_it() -> None:
-    scheduler = TickScheduler(BUDGET, flat(0.030), per_frame(0.5), batch=4)
+    scheduler = TickScheduler(BUDGET, flat(0.030), per_frame(0.5), batch=4, compact=False)
     assert scheduler.wait_s(1.0, [], active=4) == math.inf
     assert scheduler.wait_s(1.0, [Waiting(0, 1.0)], active=1) == 0.0  # everyone has a frame
     hold = BUDGET - 0.030 - MARGIN_S
@@ -35,7 +35,7 @@ def test_waits_only_while_the_oldest_frame_can_still_make_it() -> None:
 
 
 def test_spans_ride_while_they_fit_oldest_request_first() -> None:
-    scheduler = TickScheduler(BUDGET, flat(0.030), per_frame(1.0), batch=4)
+    scheduler = TickScheduler(BUDGET, flat(0.030), per_frame(1.0), batch=4, compact=False)
     waiting = [Waiting(0, 1.0, span_frames=30, span_requested=0.5), Waiting(1, 1.0),
                Waiting(2, 1.0, span_frames=15, span_requested=0.4), Waiting(3, 1.0, span_frames=10, span_requested=0.6)]
     # 50 ms left after the 30 ms tick: the 15-frame span (oldest) and the 30-frame one fit, the last does not.
@@ -47,6 +47,14 @@ def test_spans_ride_while_they_fit_oldest_request_first() -> None:
     assert scheduler.plan_spans(1.0, [Waiting(1, 1.0)]).inject == []
 
 
+def test_a_span_put_off_too_often_rides_anyway() -> None:
+    scheduler = TickScheduler(BUDGET, flat(0.030), per_frame(1.0), batch=4, compact=False)
+    late = [Waiting(0, 0.9, span_frames=10, span_requested=0.5, span_deferrals=MAX_DEFERS - 1),
+            Waiting(1, 0.9, span_frames=10, span_requested=0.6, span_deferrals=MAX_DEFERS)]
+    plan = scheduler.plan_spans(1.0, late)  # the oldest frame is already past its deadline: nothing fits
+    assert plan.inject == [1] and plan.defer == [0]
+
+
 def simulate(phases_ms: list[float], tick_s: float, periods: int, span: tuple[int, int, int] | None = None
              ) -> tuple[list[float], int, int]:
     """The Batcher's loop on a virtual clock: latencies, ticks run, and how many times a span was put off.
@@ -54,7 +62,7 @@ def simulate(phases_ms: list[float], tick_s: float, periods: int, span: tuple[in
     `span` = (session, frame index, frames): that session's frame carries a span of that many frames; a deferred
     span moves to the session's next frame, as the Batcher hands it back.
     """
-    scheduler = TickScheduler(BUDGET, flat(tick_s), per_frame(1.0), batch=len(phases_ms))
+    scheduler = TickScheduler(BUDGET, flat(tick_s), per_frame(1.0), batch=len(phases_ms), compact=False)
     arrivals = [[p / 1e3 + 0.080 * i for i in range(periods)] for p in phases_ms]
     next_frame = [0] * len(phases_ms)
     spans = {span[:2]: span[2]} if span is not None else {}
@@ -112,6 +120,17 @@ def test_admission_stops_where_the_tick_would_not_fit() -> None:
     assert tight.slots == 4
     assert tight.reason == "a tick of 5 would take 65 ms > 75% of the 80 ms frame"
     assert capacity(cost.tick, 0.020, 8).slots == 1  # one session always runs
+
+
+def test_a_compact_tick_costs_the_rows_it_spans() -> None:
+    rows = {1: 0.015, 2: 0.020, 3: 0.025, 4: 0.030}
+    compact = TickScheduler(BUDGET, rows.__getitem__, per_frame(1.0), batch=4, compact=True)
+    whole = TickScheduler(BUDGET, rows.__getitem__, per_frame(1.0), batch=4, compact=False)
+    assert compact.tick_cost([Waiting(2, 0.0)]) == 0.015
+    assert compact.tick_cost([Waiting(0, 0.0), Waiting(2, 0.0)]) == 0.025
+    assert whole.tick_cost([Waiting(2, 0.0)]) == 0.030
+    # A lone frame holds longer when its tick is cheap.
+    assert compact.wait_s(0.0, [Waiting(2, 0.0)], active=4) > whole.wait_s(0.0, [Waiting(2, 0.0)], active=4)
 
 
 def test_tick_cost_interpolates_and_prices_spans() -> None:

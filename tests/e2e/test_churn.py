@@ -1,14 +1,15 @@
-"""500 connect / disconnect cycles, cut at random points (half without a close handshake): memory stays flat.
+"""500 connect / disconnect cycles, cut at random points (half without a close handshake), spans requested all
+along so that some sessions leave mid-injection: memory stays flat.
 
-In process (server and clients together: an upper bound on the server's growth), without speech recognition.
-Cycles with span injections are measured by `contextspan bench soak` (RSS over 30 minutes), not asserted here:
-their growth varied from 30 to 200 MB over 500 cycles between runs (see the issue 7 note).
+In process (server and clients together: an upper bound on the server's growth), without speech recognition: the
+spans are requested the way retrieval hands in an answer, `Session.request_span` on the server's loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ CYCLES = 500
 WARM_UP_CYCLES = 30
 CLIENTS = 3
 MAX_GROWTH_BYTES = 50 * 2**20
+SPAN_TEXT = "The museum opens at nine in the morning and closes at six in the evening, every day but Tuesday."
 
 
 async def connect_when_free(server: InProcessServer) -> websockets.ClientConnection:
@@ -74,12 +76,28 @@ def test_connect_disconnect_cycles_do_not_grow_memory(tmp_path: Path, speech: np
     settings = ServerSettings(port=free_port(), max_sessions=CLIENTS, recordings=False, asr=False)
     rng = random.Random(7)
     with in_process_server(settings, load_model("tiny")) as server:
+        asked: set[str] = set()
+
+        def request_spans() -> None:  # one answer per session, as retrieval hands in per question
+            for session in list(server.state.sessions.values()):
+                if session.id not in asked:
+                    asked.add(session.id)
+                    session.request_span(SPAN_TEXT, "churn")
+
+        async def spans() -> None:
+            while True:
+                await asyncio.sleep(rng.uniform(0.02, 0.1))
+                server.loop.call_soon_threadsafe(request_spans)
+
         async def clients(cycles: int) -> list[set[str]]:
             async def client(n: int) -> list[set[str]]:
                 return [await cycle(server, speech, rng) for _ in range(n)]
 
+            requester = asyncio.create_task(spans())
+
             shares = await asyncio.gather(*(client(cycles // CLIENTS + (i < cycles % CLIENTS))
                                             for i in range(CLIENTS)))
+            requester.cancel()
             await asyncio.sleep(1.0)  # teardowns finish on the worker
             return [seen for share in shares for seen in share]
 
@@ -92,4 +110,6 @@ def test_connect_disconnect_cycles_do_not_grow_memory(tmp_path: Path, speech: np
         metrics = server.state.metrics.render().decode()
     assert after - before <= MAX_GROWTH_BYTES, f"RSS grew {(after - before) / 2**20:.1f} MB over {CYCLES} cycles"
     assert sum("session.ready" in s for s in seen) >= CYCLES // 4, "the sessions were served, not refused"
+    injected = re.search(r'^contextspan_span_injections_total\{result="injected"\} (\S+)', metrics, re.M)
+    assert injected and float(injected[1]) >= CYCLES // 25, f"spans were injected along the way: {injected}"
     assert f'contextspan_sessions_total{{outcome="accepted"}} {CYCLES + WARM_UP_CYCLES}.0' in metrics
