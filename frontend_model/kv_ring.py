@@ -21,8 +21,7 @@ class MaskedRingKVCache(RingKVCache):
     """
 
     def complete(self, k: torch.Tensor, v: torch.Tensor, exec_mask: torch.Tensor) -> KVCacheResult:
-        if exec_mask.all():
-            return super().complete(k, v, exec_mask)
+        # No shortcut on `exec_mask.all()`: reading it on the host would break CUDA graph capture of the step.
         B, H, T, D = k.shape
         index = ((torch.arange(T, device=k.device) + self.end_offset.view(-1, 1)) % self.capacity)
         index = index.view(B, 1, T, 1).expand(-1, H, T, D)
