@@ -18,7 +18,7 @@ TICK_SHARE = 0.75
 MARGIN_S = 0.008
 # Ticks a span may be put off before it rides regardless: with a backlog (an overloaded worker, a client that
 # sends faster than real time) no tick has room, and the answer would wait until its deadline drops it.
-MAX_DEFERS = 4
+MAX_DEFERS = 2
 
 
 @dataclass(frozen=True)

@@ -78,9 +78,11 @@ def test_connect_disconnect_cycles_do_not_grow_memory(tmp_path: Path, speech: np
     with in_process_server(settings, load_model("tiny")) as server:
         asked: set[str] = set()
 
-        def request_spans() -> None:  # one answer per session, as retrieval hands in per question
+        def request_spans() -> None:
+            """One answer per session once it has stepped a frame, as retrieval hands one in after a `<ret>`."""
+            batcher = server.state.batcher
             for session in list(server.state.sessions.values()):
-                if session.id not in asked:
+                if session.id not in asked and batcher is not None and batcher.model.frames_stepped[session.slot]:
                     asked.add(session.id)
                     session.request_span(SPAN_TEXT, "churn")
 
@@ -110,6 +112,8 @@ def test_connect_disconnect_cycles_do_not_grow_memory(tmp_path: Path, speech: np
         metrics = server.state.metrics.render().decode()
     assert after - before <= MAX_GROWTH_BYTES, f"RSS grew {(after - before) / 2**20:.1f} MB over {CYCLES} cycles"
     assert sum("session.ready" in s for s in seen) >= CYCLES // 4, "the sessions were served, not refused"
-    injected = re.search(r'^contextspan_span_injections_total\{result="injected"\} (\S+)', metrics, re.M)
-    assert injected and float(injected[1]) >= CYCLES // 25, f"spans were injected along the way: {injected}"
+    spans = {result: float(count) for result, count in
+             re.findall(r'^contextspan_span_injections_total\{result="(\w+)"\} (\S+)', metrics, re.M)}
+    # Injected, or dropped mostly because the session left with the span pending: the mid-injection cycles.
+    assert spans.get("injected", 0) >= 5 and sum(spans.values()) >= CYCLES // 10, spans
     assert f'contextspan_sessions_total{{outcome="accepted"}} {CYCLES + WARM_UP_CYCLES}.0' in metrics
