@@ -37,7 +37,9 @@ def run_session(tmp: Path, pcm: np.ndarray, ret_frame: int, *flags: str) -> Stre
 
 def test_span_from_the_router_lands_inside_the_deadline(tmp_path: Path) -> None:
     pcm, ret_frame = question_audio(tmp_path, "What is twelve times seven?")
-    result = run_session(tmp_path, pcm, ret_frame)
+    # The final transcript, not a partial, must become the question: give a loaded 2-core machine's Whisper time to
+    # finish the utterance (the default waits 1 s; the span still has its 2.5 s from `<ret>`).
+    result = run_session(tmp_path, pcm, ret_frame, "--question-wait-s", "2.0")
     assert [e.frame for e in result.of_type("retrieval")] == [ret_frame]
     finals = [e for e in result.of_type("user.transcript") if e.final]
     assert finals and "12 times 7" in finals[0].text
