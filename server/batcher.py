@@ -48,6 +48,12 @@ class _SlotResult:
     error: BaseException | None = None
 
 
+def _report_end(task: asyncio.Task[None]) -> None:
+    """The tick loop only ends when stopped; anything else is a bug that would leave every session waiting."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("the tick loop died", exc_info=task.exception())
+
+
 class Batcher:
     def __init__(self, model: BatchedModel, worker: ModelWorker, cost: TickCost, capacity: Capacity,
                  budget_s: float, span_deadline_s: float, metrics: Metrics) -> None:
@@ -76,6 +82,7 @@ class Batcher:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop())
+        self._task.add_done_callback(_report_end)
 
     async def stop(self, reason: BaseException) -> None:
         """Stop ticking; every session waiting on a frame gets `reason` raised (its model state is gone)."""
