@@ -10,7 +10,7 @@ import torch
 
 from frontend_model.batch_model import BatchedModel
 from frontend_model.block import Block
-from frontend_model.engine import GREEDY, Engine, PrefillCost, device_sync, time_call
+from frontend_model.engine import GREEDY, Engine, PrefillCost, device_sync, interpolate, time_call
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel
 from frontend_model.span_block import placeholder_rows
 
@@ -60,16 +60,7 @@ class TickCost:
     prefill: PrefillCost
 
     def tick(self, batch: int) -> float:
-        """Interpolated between calibrated batch sizes, extrapolated from the last two past the end."""
-        sizes = sorted(self.tick_s)
-        if batch in self.tick_s or len(sizes) == 1:
-            return self.tick_s.get(batch, self.tick_s[sizes[0]])
-        lo = max((s for s in sizes if s < batch), default=sizes[0])
-        hi = min((s for s in sizes if s > batch), default=sizes[-1])
-        if batch > sizes[-1]:
-            lo, hi = sizes[-2], sizes[-1]
-        slope = (self.tick_s[hi] - self.tick_s[lo]) / (hi - lo)
-        return self.tick_s[lo] + slope * (batch - lo)
+        return interpolate(self.tick_s, batch)
 
     def span(self, frames: int) -> float:
         """What injecting a span of `frames` frames adds to a tick (0 for no span)."""
@@ -84,10 +75,7 @@ class TickCost:
 
 def tick_sizes(max_batch: int) -> list[int]:
     """Powers of two up to `max_batch`, `max_batch` itself and one more, to predict the tick a refusal avoids."""
-    sizes = [1]
-    while sizes[-1] * 2 < max_batch:
-        sizes.append(sizes[-1] * 2)
-    return sorted({*sizes, max_batch, max_batch + 1})
+    return sorted({*calibration_sizes(max_batch), max_batch + 1})
 
 
 @torch.no_grad()

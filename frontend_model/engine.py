@@ -51,6 +51,20 @@ GREEDY = SamplingConfig(use_sampling=False)
 SAMPLED = SamplingConfig()
 
 
+def interpolate(table: dict[int, float], x: int) -> float:
+    """Linear interpolation between measured sizes (extrapolated from the last two past the end)."""
+    sizes = sorted(table)
+    lo = max((s for s in sizes if s <= x), default=sizes[0])
+    hi = min((s for s in sizes if s >= x), default=sizes[-1])
+    if lo == hi:
+        if x > sizes[-1] and len(sizes) > 1:
+            lo, hi = sizes[-2], sizes[-1]
+        else:
+            return table[lo]
+    slope = (table[hi] - table[lo]) / (hi - lo)
+    return table[lo] + slope * (x - lo)
+
+
 @dataclass(frozen=True)
 class PrefillCost:
     """Measured cost of one plain step and of a span prefill of n frames plus the next step."""
@@ -59,19 +73,9 @@ class PrefillCost:
     span_s: dict[int, float]
 
     def predict(self, frames: int) -> float:
-        """Linear interpolation between calibrated sizes (extrapolated from the last two past the end)."""
         if frames <= 0:
             return self.step_s
-        sizes = sorted(self.span_s)
-        lo = max((s for s in sizes if s <= frames), default=sizes[0])
-        hi = min((s for s in sizes if s >= frames), default=sizes[-1])
-        if lo == hi:
-            if frames > sizes[-1] and len(sizes) > 1:
-                lo, hi = sizes[-2], sizes[-1]
-            else:
-                return self.span_s[lo]
-        slope = (self.span_s[hi] - self.span_s[lo]) / (hi - lo)
-        return self.span_s[lo] + slope * (frames - lo)
+        return interpolate(self.span_s, frames)
 
     def max_frames(self, budget_s: float, ceiling: int) -> int:
         """Largest n whose prefill and next step fit the budget (0 if even a one-frame span does not)."""

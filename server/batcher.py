@@ -24,7 +24,7 @@ from frontend_model.calibration import TickCost
 from frontend_model.loading import FRAME_SAMPLES
 from server.frame_clock import InputFrame
 from server.metrics import Metrics
-from server.model_session import FrameOutput, SpanOutcome, SpanRequest, inject_span
+from server.model_session import FrameOutput, SpanOutcome, SpanRequest, inject_span, span_request
 from server.tick_scheduler import Capacity, TickScheduler, Waiting
 from server.worker import ModelWorker
 
@@ -120,11 +120,7 @@ class Batcher:
     def span_request(self, text: str, source: str | None, requested: float | None = None,
                      question: str | None = None, tool: str | None = None,
                      timings_ms: dict[str, float] | None = None) -> SpanRequest:
-        """Normalise and tokenise now, on the caller's thread: the tick that injects it only runs the forward."""
-        start = time.perf_counter()
-        built = self.model.engine.prepare_span(text)
-        return SpanRequest(text, source, requested or start, built, time.perf_counter() - start, question, tool,
-                           timings_ms or {})
+        return span_request(self.model.engine, text, source, requested, question, tool, timings_ms)
 
     @property
     def max_prefix_frames(self) -> int:
@@ -151,7 +147,7 @@ class Batcher:
                 continue
             taken, self._pending = self._pending, {}
             self._in_flight = taken
-            plan = self.scheduler.plan_spans(time.perf_counter(), [self._waiting(s, p) for s, p in taken.items()])
+            plan = self.scheduler.plan_spans(time.perf_counter(), waiting)
             if plan.defer:
                 self.metrics.spans_deferred.inc(len(plan.defer))
             self._count_deferrals(taken, plan.defer)

@@ -119,11 +119,7 @@ class ModelSession:
     def span_request(self, text: str, source: str | None, requested: float | None = None,
                      question: str | None = None, tool: str | None = None,
                      timings_ms: dict[str, float] | None = None) -> SpanRequest:
-        """Build the block now, on the caller's thread, so the frame that injects it only runs the forward pass."""
-        start = time.perf_counter()
-        built = self.engine.prepare_span(text)
-        return SpanRequest(text, source, requested or start, built, time.perf_counter() - start, question, tool,
-                           timings_ms or {})
+        return span_request(self.engine, text, source, requested, question, tool, timings_ms)
 
     def step(self, frame: InputFrame, span: SpanRequest | None) -> FrameOutput:
         start = time.perf_counter()
@@ -140,6 +136,16 @@ class ModelSession:
     def close(self) -> None:
         self.engine.close()
         self.codec.close()
+
+
+def span_request(engine: Engine, text: str, source: str | None, requested: float | None = None,
+                 question: str | None = None, tool: str | None = None,
+                 timings_ms: dict[str, float] | None = None) -> SpanRequest:
+    """Build the block now, on the caller's thread, so the tick that injects it only runs the forward pass."""
+    start = time.perf_counter()
+    built = engine.prepare_span(text)
+    return SpanRequest(text, source, requested or start, built, time.perf_counter() - start, question, tool,
+                       timings_ms or {})
 
 
 def inject_span(request: SpanRequest, deadline_s: float, steps: int, offset: Callable[[], int],
