@@ -219,13 +219,14 @@ class Session:
             self._span = None
         self._emit_stats()  # the last partial second, for the transcript
 
-        self.batcher.release(self.slot)
-        asyncio.get_running_loop().run_in_executor(None, trim_heap)
+        # The recording is finished before the slot is free, so a free slot means nothing of this session is pending.
         if self.recording is not None:
             try:
                 self.recording.close()
             except OSError:
                 logger.exception("session %s: could not finish the recording", self.id)
+        self.batcher.release(self.slot)
+        asyncio.get_running_loop().run_in_executor(None, trim_heap)
 
     async def close(self, code: int, reason: str = "") -> None:
         if self.ws.application_state == WebSocketState.CONNECTED:

@@ -135,8 +135,9 @@ def test_abrupt_disconnects_release_everything(inproc_server: tuple[str, object,
     async def leave_mid_span() -> str:
         client = asyncio.create_task(stream(chat_url(url, events=True), speech[: 3 * SAMPLE_RATE]))
         await wait_until(lambda: bool(state.sessions), "the session did not start")  # type: ignore[attr-defined]
-        await asyncio.sleep(0.5)
         session = next(iter(state.sessions.values()))  # type: ignore[attr-defined]
+        # Audio is read only once the session is ready: wait for some, however slow the prefill was.
+        await wait_until(lambda: session.assembler.stream_time > 0.3, "the session did not stream")
         loop.call_soon_threadsafe(session.request_span, "A fact that will never be read. " * 20)
         client.cancel()
         await asyncio.gather(client, return_exceptions=True)
