@@ -36,6 +36,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--asr", action=argparse.BooleanOptionalAction, default=True,
                         help="run the server's speech recognition (its default); --no-asr measures the model alone")
+    parser.add_argument("--phases", choices=("spread", "aligned"), default="spread",
+                        help="clients' frame phases: spread evenly over one frame (the hard case for sharing ticks), "
+                        "or aligned (all start together, so one tick per frame can serve everyone)")
     return parser.parse_args(argv)
 
 
@@ -51,7 +54,8 @@ def speech_pcm(wav: Path | None, seconds: float, workdir: Path) -> np.ndarray:
     return np.resize(pcm, frames * FRAME_SAMPLES).astype(np.float32)
 
 
-async def drive(url: str, sessions: int, pcm: np.ndarray, pid: int | None) -> tuple[list[StreamResult], dict]:
+async def drive(url: str, sessions: int, pcm: np.ndarray, pid: int | None,
+                spread: bool) -> tuple[list[StreamResult], dict]:
     samples: dict[str, list[float]] = {"cpu_percent": [], "rss_mb": []}
 
     async def sample() -> None:
@@ -65,9 +69,8 @@ async def drive(url: str, sessions: int, pcm: np.ndarray, pid: int | None) -> tu
             samples["rss_mb"].append(proc.memory_info().rss / 2**20)
 
     async def client(k: int) -> StreamResult:
-        # Spread the clients' frame phases evenly over one frame: the hardest case for sharing ticks (clients
-        # started together would have their frames arrive together).
-        await asyncio.sleep(k * FRAME_SAMPLES / SAMPLE_RATE / sessions)
+        if spread:
+            await asyncio.sleep(k * FRAME_SAMPLES / SAMPLE_RATE / sessions)
         return await stream(chat_url(ws, events=True), pcm)
 
     sampler = asyncio.create_task(sample())
@@ -100,6 +103,7 @@ def report(args: argparse.Namespace, results: list[StreamResult], samples: dict,
         "profile": args.profile,
         "sessions": args.sessions,
         "asr": args.asr if not args.url else None,
+        "phases": args.phases,
         "seconds": args.seconds,
         "machine": machine_info(),
         "frames_sent": frames_sent,
@@ -140,7 +144,8 @@ def main(argv: list[str]) -> int:
                 "--recordings-dir", str(workdir / "recordings"), "--log-level", "warning",
                 "--asr" if args.asr else "--no-asr")
         try:
-            results, samples = asyncio.run(drive(url, args.sessions, pcm, process.pid if process else None))
+            results, samples = asyncio.run(drive(url, args.sessions, pcm, process.pid if process else None,
+                                                 args.phases == "spread"))
             metrics = httpx.get(f"{url}/metrics", timeout=5).text
         finally:
             if process is not None:

@@ -10,6 +10,7 @@ offsets, a conv's `first` flags, step counters) is written back into those rows 
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -60,18 +61,27 @@ def _write_back(swap: _Swap, lo: int, hi: int) -> None:
             setattr(swap.state, name, value)
 
 
+_DESCENDANTS: weakref.WeakKeyDictionary[StreamingModule, list[StreamingModule]] = weakref.WeakKeyDictionary()
+
+
+def _streaming_descendants(root: StreamingModule) -> list[StreamingModule]:
+    """Walking a model's modules costs about a millisecond on CPU, three times a tick: walk each root once."""
+    if root not in _DESCENDANTS:
+        _DESCENDANTS[root] = [m for m in root.modules() if isinstance(m, StreamingModule)]
+    return _DESCENDANTS[root]
+
+
 @contextmanager
-def rows(modules: list[torch.nn.Module], lo: int, hi: int) -> Iterator[None]:
-    """Within the block, the streaming modules under `modules` stream as a batch of rows lo..hi-1."""
-    streaming = [m for root in modules for m in root.modules()
-                 if isinstance(m, StreamingModule) and m._streaming_state is not None]
-    batch = streaming[0]._streaming_state.batch_size  # type: ignore[union-attr]
+def rows(modules: list[StreamingModule], lo: int, hi: int) -> Iterator[None]:
+    """Within the block, the streaming modules under `modules` (all streaming) stream as a batch of rows lo..hi-1."""
+    batch = modules[0]._streaming_state.batch_size  # type: ignore[union-attr]
     if not 0 <= lo < hi <= batch:
         raise ValueError(f"rows {lo}..{hi - 1} out of range 0..{batch - 1}")
     if (lo, hi) == (0, batch):
         yield
         return
-    swaps = [_view_of(m, lo, hi) for m in streaming]
+    swaps = [_view_of(m, lo, hi) for root in modules for m in _streaming_descendants(root)
+             if m._streaming_state is not None]
     try:
         for swap in swaps:
             swap.module._streaming_state = swap.view  # type: ignore[assignment]

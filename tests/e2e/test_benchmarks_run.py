@@ -1,0 +1,39 @@
+"""The benchmark commands still run end to end and write the report the README quotes; their numbers are not
+checked here (performance lives in benchmarks/results/, measured on purpose, not in tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def bench(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "server.cli", "bench", *args], check=True, timeout=300)
+
+
+def test_bench_batch_reports_every_batch_size(tmp_path: Path) -> None:
+    out = tmp_path / "batch.json"
+    bench("batch", "--sessions", "1,2", "--ticks", "3", "--span-frames", "4", "--json", str(out))
+    report = json.loads(out.read_text())
+    assert [row["sessions"] for row in report["rows"]] == [1, 2]
+    for row in report["rows"]:
+        assert row["tick"]["p50_ms"] > 0 and row["tick_with_span"]["p50_ms"] > 0
+    assert report["rows"][0]["p50_vs_one_session"] == 1.0
+
+
+@pytest.mark.parametrize("phases", ["spread", "aligned"])
+def test_bench_load_measures_every_frame(tmp_path: Path, phases: str) -> None:
+    out = tmp_path / "load.json"
+    bench("load", "--sessions", "2", "--seconds", "3", "--no-asr", "--phases", phases, "--json", str(out))
+    report = json.loads(out.read_text())
+    assert report["phases"] == phases and report["sessions"] == 2
+    # Every frame sent is answered and timed (the last partial second's stats come with the close).
+    assert report["frames_measured"] == report["frames_sent"] > 0
+    assert report["mean_batch_size"] is not None and 1 <= report["mean_batch_size"] <= 2
+    assert report["server_rss_mb"]["max"] is not None
