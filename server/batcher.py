@@ -195,7 +195,7 @@ class Batcher:
     # on the worker thread -----------------------------------------------------------------------------------
     def _tick(self, frames: dict[int, tuple[InputFrame, SpanRequest | None]],
               defer: set[int]) -> dict[int, _SlotResult]:
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         failed: dict[int, _SlotResult] = {}
         outcomes: dict[int, SpanOutcome | None] = {}
         pcm: dict[int, np.ndarray] = {}
@@ -210,6 +210,7 @@ class Batcher:
         compute_s = time.perf_counter() - start
         self.metrics.batch_size.observe(len(pcm))
         self.metrics.tick_seconds.observe(compute_s)
+        self.metrics.tick_cpu_seconds.observe(time.thread_time() - start_cpu)
         results = dict(failed)
         for slot, out in outputs.items():
             frame, span = frames[slot]

@@ -1,4 +1,4 @@
-"""`contextspan serve` and `contextspan bench {load,span}`: flags mirror ServerSettings field by field."""
+"""`contextspan serve` and `contextspan bench ...`: flags mirror ServerSettings field by field."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 
 BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
-              "retrieval": "benchmarks.retrieval_latency", "batch": "benchmarks.batch_ticks", "soak": "benchmarks.soak"}
+              "retrieval": "benchmarks.retrieval_latency", "batch": "benchmarks.batch_ticks", "soak": "benchmarks.soak",
+              "faults": "benchmarks.fault_isolation"}
 
 
 def serve(settings: ServerSettings) -> int:
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     infer_parser.add_argument("--ret-frames", default="", help="comma-separated frames at which to act as <ret>")
     infer_parser.add_argument("--realtime", action="store_true", help="pace frames at 80 ms instead of flat out")
     add_settings_flags(infer_parser)
-    bench = commands.add_parser("bench", help="benchmarks: `load`, `span`, `retrieval`, `batch`")
+    bench = commands.add_parser("bench", help="benchmarks: `load`, `span`, `retrieval`, `batch`, `soak`, `faults`")
     bench.add_argument("which", choices=list(BENCHMARKS))
     if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] in BENCHMARKS:
         # The benchmark modules own their flags.

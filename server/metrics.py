@@ -54,6 +54,11 @@ class Metrics:
             "contextspan_tick_seconds", "One batched tick on the worker: spans injected, encode, step, decode",
             buckets=_MS_BUCKETS, registry=r,
         )
+        self.tick_cpu_seconds = Histogram(
+            "contextspan_tick_cpu_seconds", "CPU time the worker thread spent on a tick; well under the tick's "
+            "seconds means the worker waited for the GIL or for a core",
+            buckets=_MS_BUCKETS, registry=r,
+        )
         self.spans_deferred = Counter(
             "contextspan_spans_deferred", "Span injections put off to a later tick: they did not fit its budget",
             registry=r,

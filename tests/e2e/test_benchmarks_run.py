@@ -37,3 +37,14 @@ def test_bench_load_measures_every_frame(tmp_path: Path, phases: str) -> None:
     assert report["frames_measured"] == report["frames_sent"] > 0
     assert report["mean_batch_size"] is not None and 1 <= report["mean_batch_size"] <= 2
     assert report["server_rss_mb"]["max"] is not None
+
+
+def test_bench_faults_reports_each_scenario(tmp_path: Path) -> None:
+    out = tmp_path / "faults.json"
+    bench("faults", "--seconds", "8", "--scenarios", "no fault,LLM HTTP 500", "--json", str(out))
+    rows = {row["scenario"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"no fault", "LLM HTTP 500"}
+    for row in rows.values():
+        assert row["sessions_kept"] == 2 and row["frames"] == 2 * 100
+        # Each session's `<ret>` has an outcome (which one depends on how fast this machine's Whisper is).
+        assert row["spans_injected"] + sum(row["spans_dropped"].values()) == 2, row

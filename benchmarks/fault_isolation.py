@@ -1,0 +1,133 @@
+"""`contextspan bench faults`: do faults cost the sessions that keep running any deadlines?
+
+For each scenario a real server (tiny profile, its own process) serves two real-time clients streaming a spoken
+question with `<ret>` forced after it: no fault (the LLM answers; run first and last, to bracket the host's noise),
+the LLM hanging, answering HTTP 500 or garbage (a fake that speaks the OpenAI wire format), Whisper raising on
+every call, and one session's step raising at frame 20. It reports, for the sessions that were not closed, frame
+latency and deadline misses next to what the fault did (spans dropped and why, `asr_failed` errors, sessions
+closed 1011), so the cost of a fault is the difference from the no-fault rows of the same run.
+
+The fakes are the test suite's (tests/backend/fake_openai.py, tests/e2e/faulty_server.py): run it from a checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.report import machine_info, save_json
+from server.client import StreamResult, chat_url, speak, start_server, stop_server, stream
+from server.protocol import FRAME_SAMPLES, SAMPLE_RATE
+
+QUESTION = "What is the weather like in Paris today?"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    faults: str = ""  # FAULTS for tests.e2e.faulty_server
+    llm: str | None = None  # the fake LLM's mode (`content` answers); None: no LLM, the built-in router alone
+
+
+SCENARIOS = [
+    Scenario("no fault", llm="content"),
+    Scenario("LLM hangs", llm="hang"),
+    Scenario("LLM HTTP 500", llm="error500"),
+    Scenario("LLM garbage", llm="garbage"),
+    Scenario("ASR raises", faults="asr_raise"),
+    Scenario("step raises in one session", faults="step_raise@20"),
+    Scenario("no fault (again)", llm="content"),
+]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="contextspan bench faults", description=__doc__)
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each client's stream")
+    parser.add_argument("--scenarios", type=lambda s: s.split(","), default=[s.name for s in SCENARIOS],
+                        help="comma-separated names, default: all of " + ", ".join(s.name for s in SCENARIOS))
+    parser.add_argument("--json", type=Path, help="write the report here")
+    args = parser.parse_args(argv)
+    unknown = set(args.scenarios) - {s.name for s in SCENARIOS}
+    if unknown:
+        parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
+    return args
+
+
+def question_pcm(workdir: Path, seconds: float) -> tuple[np.ndarray, int]:
+    """The question, then silence up to `seconds`; `<ret>` 0.8 s after the question."""
+    speech = speak(QUESTION, workdir / "question.wav")
+    frames = int(seconds * SAMPLE_RATE / FRAME_SAMPLES)
+    pcm = np.zeros(frames * FRAME_SAMPLES, np.float32)
+    pcm[: min(len(speech), len(pcm))] = speech[: len(pcm)]
+    return pcm, min(len(speech) // FRAME_SAMPLES + 10, frames - 1)
+
+
+async def two_clients(ws: str, pcm: np.ndarray) -> list[StreamResult]:
+    url = chat_url(ws, events=True)
+    return list(await asyncio.gather(stream(url, pcm), stream(url, pcm)))
+
+
+def run_scenario(scenario: Scenario, workdir: Path, pcm: np.ndarray, ret_frame: int) -> dict[str, Any]:
+    from tests.backend.fake_openai import fake_openai
+
+    flags = ["--profile", "tiny", "--max-sessions", "2", "--force-ret-frame", str(ret_frame),
+             "--recordings-dir", str(workdir / "recordings"), "--log-level", "warning"]
+    module = "tests.e2e.faulty_server" if scenario.faults else "server.cli"
+    with fake_openai() as (llm_url, script):
+        if scenario.llm is not None:
+            script.mode = scenario.llm
+            flags += ["--llm-base-url", llm_url, "--llm-model", "fake"]
+        process, url = start_server(workdir, *flags, module=module, env={"FAULTS": scenario.faults})
+        try:
+            results = asyncio.run(two_clients(url.replace("http", "ws", 1), pcm))
+        finally:
+            stop_server(process)
+    kept = [r for r in results if r.close_code in (None, 1000)]
+    latencies = np.array([ms for r in kept for s in r.of_type("stats") for ms in s.latency_ms])
+    every = [e for r in results for e in r.events]
+    return {
+        "scenario": scenario.name,
+        "sessions_kept": len(kept),
+        "sessions_closed_1011": sum(r.close_code == 1011 for r in results),
+        "frames": int(latencies.size),
+        "latency_ms": {
+            "p50": round(float(np.percentile(latencies, 50)), 1) if latencies.size else None,
+            "p99": round(float(np.percentile(latencies, 99)), 1) if latencies.size else None,
+            "max": round(float(latencies.max()), 1) if latencies.size else None,
+        },
+        "deadline_misses": sum(s.deadline_misses for r in kept for s in r.of_type("stats")),
+        "spans_injected": sum(e.type == "span.injected" for e in every),
+        "spans_dropped": dict(Counter(e.reason for e in every if e.type == "span.dropped")),
+        "errors": dict(Counter(e.code for e in every if e.type == "error")),
+    }
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    try:
+        import tests.backend.fake_openai  # noqa: F401
+    except ImportError:
+        raise SystemExit("bench faults uses the test suite's fakes: run it from the repository root") from None
+    rows: list[dict[str, Any]] = []
+    print(f"{'scenario':<28} | kept | frames | P50 (ms) | P99 (ms) | misses | what the fault did")
+    with tempfile.TemporaryDirectory(prefix="contextspan-faults-") as tmp:
+        pcm, ret_frame = question_pcm(Path(tmp), args.seconds)
+        for scenario in (s for s in SCENARIOS if s.name in args.scenarios):
+            row = run_scenario(scenario, Path(tmp), pcm, ret_frame)
+            rows.append(row)
+            effects = ", ".join([f"{n} dropped: {why}" for why, n in row["spans_dropped"].items()]
+                                + [f"{n} {code}" for code, n in row["errors"].items()]
+                                + [f"{row['sessions_closed_1011']} closed 1011"] * bool(row["sessions_closed_1011"]))
+            lat = row["latency_ms"]
+            print(f"{row['scenario']:<28} | {row['sessions_kept']:>4} | {row['frames']:>6} | {lat['p50']:>8} | "
+                  f"{lat['p99']:>8} | {row['deadline_misses']:>6} | {effects or '-'}", flush=True)
+    save_json(args.json, {"benchmark": "faults", "profile": "tiny", "seconds": args.seconds,
+                          "machine": machine_info(), "rows": rows})
+    return 0
