@@ -18,6 +18,7 @@ from frontend_model.codec import BatchFrameCodec
 from frontend_model.engine import GREEDY, device_sync, time_call
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
 from frontend_model.profiles import PROFILES
+from server.settings import ServerSettings
 
 WARM_TICKS = 5
 
@@ -58,15 +59,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None)
     parser.add_argument("--sessions", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16])
     parser.add_argument("--span-frames", type=int, default=64, help="frames of the span injected per tick")
-    parser.add_argument("--ticks", type=int, default=100)
+    parser.add_argument("--ticks", type=int, default=100, help="ticks measured per batch size, over all rounds")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="sweeps over the batch sizes, each measuring its share of the ticks: a host that slows "
+                        "down for a while then weighs on every size alike, so their ratios stay fair")
+    parser.add_argument("--torch-threads", type=int, default=ServerSettings().torch_threads,
+                        help="torch CPU threads, as the server's --torch-threads (default: the server's default)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.torch_threads)
     model = load_model(args.profile, args.checkpoint, device=args.device)
+    per_round = max(1, args.ticks // args.rounds)
+    samples: dict[tuple[int, int], list[float]] = {}
+    for done in range(args.rounds):
+        print(f"round {done + 1} of {args.rounds}", file=sys.stderr, flush=True)
+        for slots in args.sessions:
+            for frames in (0, args.span_frames):
+                samples.setdefault((slots, frames), []).extend(measure(model, slots, per_round, frames))
     rows: list[dict[str, Any]] = []
     print(f"{'B':>4} | tick P50 (ms) | tick P99 (ms) | +span({args.span_frames}) P50 | +span P99")
     for slots in args.sessions:
-        plain = summarise(measure(model, slots, args.ticks, 0))
-        spanned = summarise(measure(model, slots, args.ticks, args.span_frames))
+        plain = summarise(samples[(slots, 0)])
+        spanned = summarise(samples[(slots, args.span_frames)])
         rows.append({"sessions": slots, "tick": plain, "tick_with_span": spanned})
         print(f"{slots:>4} | {plain['p50_ms']:13.2f} | {plain['p99_ms']:13.2f} | {spanned['p50_ms']:14.2f} | "
               f"{spanned['p99_ms']:9.2f}", flush=True)
@@ -74,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         row["p50_vs_one_session"] = row["tick"]["p50_ms"] / base if base else None
     save_json(args.json, {"benchmark": "batch", "profile": args.profile, "span_frames": args.span_frames,
+                          "rounds": args.rounds,
                           "machine": machine_info(str(model.device)), "rows": rows})
     return 0
 

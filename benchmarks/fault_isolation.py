@@ -61,17 +61,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def question_pcm(workdir: Path, seconds: float) -> tuple[np.ndarray, int]:
-    """The question, then silence up to `seconds`; `<ret>` 0.8 s after the question."""
+    """The question, then silence up to `seconds`; `<ret>` 2 s after the question, when Whisper has had time to
+    finish it on a slow machine, so that the backend (and its fault) is reached well inside the span deadline."""
     speech = speak(QUESTION, workdir / "question.wav")
     frames = int(seconds * SAMPLE_RATE / FRAME_SAMPLES)
     pcm = np.zeros(frames * FRAME_SAMPLES, np.float32)
     pcm[: min(len(speech), len(pcm))] = speech[: len(pcm)]
-    return pcm, min(len(speech) // FRAME_SAMPLES + 10, frames - 1)
+    return pcm, min(len(speech) // FRAME_SAMPLES + 25, frames - 1)
 
 
 async def two_clients(ws: str, pcm: np.ndarray) -> list[StreamResult]:
+    """The second client starts 13 frames (1.04 s) later: the frame phases stay aligned, the two questions do
+    not reach the one Whisper process at the same moment."""
     url = chat_url(ws, events=True)
-    return list(await asyncio.gather(stream(url, pcm), stream(url, pcm)))
+
+    async def later() -> StreamResult:
+        await asyncio.sleep(13 * FRAME_SAMPLES / SAMPLE_RATE)
+        return await stream(url, pcm)
+
+    return list(await asyncio.gather(stream(url, pcm), later()))
 
 
 def run_scenario(scenario: Scenario, workdir: Path, pcm: np.ndarray, ret_frame: int) -> dict[str, Any]:
@@ -122,7 +130,8 @@ def main(argv: list[str]) -> int:
         for scenario in (s for s in SCENARIOS if s.name in args.scenarios):
             row = run_scenario(scenario, Path(tmp), pcm, ret_frame)
             rows.append(row)
-            effects = ", ".join([f"{n} dropped: {why}" for why, n in row["spans_dropped"].items()]
+            effects = ", ".join([f"{row['spans_injected']} injected"] * bool(row["spans_injected"])
+                                + [f"{n} dropped: {why}" for why, n in row["spans_dropped"].items()]
                                 + [f"{n} {code}" for code, n in row["errors"].items()]
                                 + [f"{row['sessions_closed_1011']} closed 1011"] * bool(row["sessions_closed_1011"]))
             lat = row["latency_ms"]

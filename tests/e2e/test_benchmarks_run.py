@@ -19,7 +19,7 @@ def bench(*args: str) -> None:
 
 def test_bench_batch_reports_every_batch_size(tmp_path: Path) -> None:
     out = tmp_path / "batch.json"
-    bench("batch", "--sessions", "1,2", "--ticks", "3", "--span-frames", "4", "--json", str(out))
+    bench("batch", "--sessions", "1,2", "--ticks", "4", "--rounds", "2", "--span-frames", "4", "--json", str(out))
     report = json.loads(out.read_text())
     assert [row["sessions"] for row in report["rows"]] == [1, 2]
     for row in report["rows"]:
