@@ -36,6 +36,8 @@ def test_bench_load_measures_every_frame(tmp_path: Path, phases: str) -> None:
     # Every frame sent is answered and timed (the last partial second's stats come with the close).
     assert report["frames_measured"] == report["frames_sent"] > 0
     assert report["mean_batch_size"] is not None and 1 <= report["mean_batch_size"] <= 2
+    # The worker thread's CPU time in a tick is measured, and a thread cannot use more CPU than the tick lasted.
+    assert 0 < report["mean_tick_cpu_ms"] <= report["mean_tick_ms"] * 1.01 + 0.1
     assert report["server_rss_mb"]["max"] is not None
 
 
