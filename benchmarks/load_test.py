@@ -12,6 +12,7 @@ import asyncio
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from benchmarks.report import machine_info, save_json
 from server.client import StreamResult, chat_url, load_wav, speak, start_server, stop_server, stream
 from server.protocol import FRAME_SAMPLES, SAMPLE_RATE
 
+CONNECT_S = 3.0  # for every client to connect and get through the handshake before the first one streams
+JOIN_FRAMES = 13  # frames between one client's first audio and the next one's
 SPEECH = "Hello, this is a load test of the real time voice agent server. What is the weather like in Paris today?"
 
 
@@ -36,6 +39,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--asr", action=argparse.BooleanOptionalAction, default=True,
                         help="run the server's speech recognition (its default); --no-asr measures the model alone")
+    parser.add_argument("--page-ms", type=int, choices=(40, 80), default=80,
+                        help="audio per Ogg page the clients send (a browser sends 20 ms; sphn's pages are 40 ms)")
+    parser.add_argument("--align-phases", action=argparse.BooleanOptionalAction, default=True,
+                        help="the server's --align-phases (it can only act on pages shorter than a frame)")
     parser.add_argument("--phases", choices=("spread", "aligned"), default="spread",
                         help="clients' frame phases: spread evenly over one frame (the hard case for sharing ticks), "
                         "or aligned (all start together, so one tick per frame can serve everyone)")
@@ -55,7 +62,7 @@ def speech_pcm(wav: Path | None, seconds: float, workdir: Path) -> np.ndarray:
 
 
 async def drive(url: str, sessions: int, pcm: np.ndarray, pid: int | None,
-                spread: bool) -> tuple[list[StreamResult], dict]:
+                spread: bool, page_samples: int) -> tuple[list[StreamResult], dict]:
     samples: dict[str, list[float]] = {"cpu_percent": [], "rss_mb": []}
 
     async def sample() -> None:
@@ -68,10 +75,14 @@ async def drive(url: str, sessions: int, pcm: np.ndarray, pid: int | None,
             samples["cpu_percent"].append(proc.cpu_percent(None))
             samples["rss_mb"].append(proc.memory_info().rss / 2**20)
 
+    # Every client connects at once and starts streaming on a schedule: client k joins 13 frames after client k-1
+    # (as sessions join a running server), at the same frame phase (aligned) or a further 1/N of a frame on.
+    frame_s = FRAME_SAMPLES / SAMPLE_RATE
+    start = time.perf_counter() + CONNECT_S
+
     async def client(k: int) -> StreamResult:
-        if spread:
-            await asyncio.sleep(k * FRAME_SAMPLES / SAMPLE_RATE / sessions)
-        return await stream(chat_url(ws, events=True), pcm)
+        at = start + k * (JOIN_FRAMES * frame_s + (frame_s / sessions if spread else 0.0))
+        return await stream(chat_url(ws, events=True), pcm, page_samples=page_samples, start_at=at)
 
     sampler = asyncio.create_task(sample())
     ws = url.replace("http", "ws", 1)
@@ -104,6 +115,8 @@ def report(args: argparse.Namespace, results: list[StreamResult], samples: dict,
         "sessions": args.sessions,
         "asr": args.asr if not args.url else None,
         "phases": args.phases,
+        "page_ms": args.page_ms,
+        "align_phases": args.align_phases if not args.url else None,
         "seconds": args.seconds,
         "machine": machine_info(),
         "frames_sent": frames_sent,
@@ -143,10 +156,10 @@ def main(argv: list[str]) -> int:
             process, url = start_server(
                 workdir, "--profile", args.profile, "--max-sessions", str(args.sessions),
                 "--recordings-dir", str(workdir / "recordings"), "--log-level", "warning",
-                "--asr" if args.asr else "--no-asr")
+                "--asr" if args.asr else "--no-asr", "--align-phases" if args.align_phases else "--no-align-phases")
         try:
             results, samples = asyncio.run(drive(url, args.sessions, pcm, process.pid if process else None,
-                                                 args.phases == "spread"))
+                                                 args.phases == "spread", args.page_ms * SAMPLE_RATE // 1000))
             metrics = httpx.get(f"{url}/metrics", timeout=5).text
         finally:
             if process is not None:

@@ -21,6 +21,7 @@ import numpy as np
 from frontend_model.batch_model import BatchedModel
 from frontend_model.block import Block
 from frontend_model.calibration import TickCost
+from frontend_model.engine import FRAME_S
 from frontend_model.loading import FRAME_SAMPLES
 from server.frame_clock import InputFrame
 from server.metrics import Metrics
@@ -69,6 +70,7 @@ class Batcher:
         self._pending: dict[int, _Pending] = {}
         self._in_flight: dict[int, _Pending] = {}
         self._deferrals: dict[int, tuple[SpanRequest, int]] = {}  # slot -> its span put off, and how many times
+        self._arrivals: dict[int, float] = {}  # slot -> when its latest frame arrived
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -111,6 +113,7 @@ class Batcher:
         queues behind any tick in flight on the worker."""
         self._active.discard(slot)
         self._deferrals.pop(slot, None)
+        self._arrivals.pop(slot, None)
         pending = self._pending.pop(slot, None)
         if pending is not None:
             pending.future.cancel()
@@ -127,12 +130,21 @@ class Batcher:
         return self.model.engine.max_span_frames
 
     # frames -------------------------------------------------------------------------------------------------
+    def until_grid_s(self, slot: int) -> float | None:
+        """Seconds from now to the next moment the other sessions' frames end (the latest of them to have
+        arrived, a frame period on), for `phase_pad`; None while no other session streams."""
+        others = [arrived for other, arrived in self._arrivals.items() if other != slot]
+        if not others:
+            return None
+        return (max(others) - time.perf_counter()) % FRAME_S
+
     async def step(self, slot: int, frame: InputFrame, span: SpanRequest | None) -> FrameOutput:
         """The output for `frame`, computed in the next tick that takes it; one frame per slot at a time."""
         if slot in self._pending:
             raise RuntimeError(f"slot {slot} already has a frame waiting")
         future: asyncio.Future[FrameOutput] = asyncio.get_running_loop().create_future()
         self._pending[slot] = _Pending(frame, span, future)
+        self._arrivals[slot] = frame.arrived
         self._wake.set()
         return await future
 

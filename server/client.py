@@ -63,13 +63,20 @@ async def stream(
     tail_s: float = 0.6,
     pause_reading_s: tuple[float, float] | None = None,
     token: str | None = None,
+    page_samples: int = FRAME_SAMPLES,
+    start_at: float | None = None,
 ) -> StreamResult:
-    """Send `pcm` (24 kHz float32) one 80 ms Ogg Opus page at a time, paced by an absolute schedule, and
-    collect everything the server sends until `tail_s` after the last frame, or until the server closes.
+    """Send `pcm` (24 kHz float32) as Ogg Opus, `page_samples` at a time (default one 80 ms frame; a divisor of
+    it, at least 960, for shorter pages), paced by an absolute schedule, and collect everything the server sends
+    until `tail_s` after the last frame, or until the server closes.
 
     `pause_reading_s=(start, length)` stops reading for `length` seconds from `start`, as a stalled client.
     `token` is a session token from POST /api/token, sent as an app does: `Authorization: Bearer`.
+    `start_at` (a `time.perf_counter()` value) starts sending then instead of right after the handshake.
     """
+    if FRAME_SAMPLES % page_samples or page_samples < 960:
+        raise ValueError(f"page_samples must divide {FRAME_SAMPLES} and be at least 960 (sphn's Opus page)")
+    pages_per_frame = FRAME_SAMPLES // page_samples
     result = StreamResult()
     writer, reader = sphn.OpusStreamWriter(SAMPLE_RATE), sphn.OpusStreamReader(SAMPLE_RATE)
     frames = len(pcm) // FRAME_SAMPLES
@@ -82,15 +89,16 @@ async def stream(
         result.handshake_s = time.perf_counter() - t0
 
         async def send() -> None:
-            start = time.perf_counter()
-            for i in range(frames):
-                await asyncio.sleep(max(0.0, start + i * FRAME_SAMPLES / SAMPLE_RATE - time.perf_counter()))
-                ogg = writer.append_pcm(pcm[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES].astype(np.float32))
+            start = time.perf_counter() if start_at is None else start_at
+            for i in range(frames * pages_per_frame):
+                await asyncio.sleep(max(0.0, start + i * page_samples / SAMPLE_RATE - time.perf_counter()))
+                ogg = writer.append_pcm(pcm[i * page_samples : (i + 1) * page_samples].astype(np.float32))
                 try:
                     await ws.send(p.audio_message(ogg))
                 except websockets.ConnectionClosed:
                     return  # the server ended the session: what it sent, and its close code, are the result
-                result.frames_sent += 1
+                if (i + 1) % pages_per_frame == 0:
+                    result.frames_sent += 1
 
         async def receive() -> None:
             start = time.perf_counter()

@@ -26,7 +26,7 @@ from server import protocol as p
 from server.auth import RecordingSigner
 from server.backend import Backend
 from server.batcher import Batcher
-from server.frame_clock import FrameAssembler, InputFrame
+from server.frame_clock import FrameAssembler, InputFrame, phase_pad
 from server.limits import AbuseCounter, RateLimiter
 from server.memory import trim_heap
 from server.metrics import Metrics
@@ -125,6 +125,7 @@ class Session:
         self.abuse = AbuseCounter(settings.max_protocol_errors)
         self._end_requested = asyncio.Event()
         self._end = SessionEnd(p.CLOSE_NORMAL, "")
+        self._phase_set = False
 
     # public API for the backend ----------------------------------------------------------------------------
     def request_span(self, text: str, source: str | None = None, requested: float | None = None,
@@ -256,7 +257,10 @@ class Session:
         kind, payload = p.decode_binary(data)
         if kind != p.Kind.AUDIO:
             raise p.ProtocolError("unexpected_kind", f"clients may only send audio (0x01), got 0x{kind:02x}")
-        for frame in self.assembler.push(self.decoder.decode(payload)):
+        pcm = self.decoder.decode(payload)
+        if pcm.size and not self._phase_set:
+            self._set_phase(pcm.size)
+        for frame in self.assembler.push(pcm):
             if len(self._frames) >= self.settings.input_backlog_frames:
                 self._frames.popleft()
                 self.input_dropped += 1
@@ -266,6 +270,16 @@ class Session:
             if self.retrieval is not None:
                 self.retrieval.feed(frame.pcm)
         self._frame_ready.set()
+
+    def _set_phase(self, chunk: int) -> None:
+        """On the first audio: silence ahead of it so that this session's frames end with the others' (phase_pad)."""
+        self._phase_set = True
+        until = self.batcher.until_grid_s(self.slot) if self.settings.align_phases else None
+        pad = phase_pad(chunk, until) if until is not None else 0
+        if pad:
+            self.assembler.pad(pad)
+            logger.info("session %s: %.0f ms of silence ahead of its audio, to end frames with the other sessions",
+                        self.id, pad / SAMPLE_RATE * 1e3)
 
     def _on_text(self, text: str) -> None:
         self.options.events = True  # a client that sends text reads text: JSON events (and errors) from now on

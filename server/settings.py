@@ -57,6 +57,10 @@ class ServerSettings(BaseSettings):
     send_queue_frames: int = Field(25, ge=1, description="outgoing audio frames kept for a slow client (2 s)")
     input_backlog_frames: int = Field(50, ge=1, description="unprocessed input frames kept before dropping")
     deadline_ms: float = Field(80.0, gt=0, description="per-frame budget from a frame's arrival to its output")
+    align_phases: bool = Field(
+        True, description="put up to one frame of silence ahead of a new session's audio so that its frames end "
+        "with the other sessions' and share their ticks (for clients that send pages shorter than 80 ms)",
+    )
     span_deadline_s: float = Field(2.5, gt=0, description="a span requested longer ago than this is dropped")
     max_persona_chars: int = Field(2000, ge=0, description="longer personas are refused with close code 1008")
     persona: str = Field("", description="default persona / system prompt prefilled before the handshake")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -66,3 +67,40 @@ def test_admission_refuses_with_1013_when_the_tick_would_not_fit(tmp_path: Path,
     refusal = json.loads(reason)
     assert refusal["error"] == "at_capacity"
     assert re.fullmatch(r"all 1 slots busy; a tick of 2 would take \d+ ms > 75% of the 20 ms frame", refusal["message"])
+
+
+@pytest.mark.parametrize("align", [True, False])
+def test_a_joining_session_ends_its_frames_with_the_others(tmp_path: Path, speech: np.ndarray, align: bool) -> None:
+    """Two clients sending 40 ms pages, the second 20 ms out of phase: with alignment the server puts 40 ms of
+    silence ahead of the second one's audio, so its frames end 20 ms before the first's instead of 20 ms after."""
+    settings = ServerSettings(port=free_port(), recordings_dir=tmp_path / "rec", max_sessions=2, asr=False,
+                              align_phases=align)
+    with in_process_server(settings, load_model("tiny")) as server:
+        batcher = server.state.batcher
+        assert batcher is not None
+        arrivals: dict[int, list[float]] = {0: [], 1: []}
+        step = batcher.step
+
+        async def recording_step(slot: int, frame, span):  # type: ignore[no-untyped-def]
+            arrivals[slot].append(frame.arrived)
+            return await step(slot, frame, span)
+
+        batcher.step = recording_step  # type: ignore[method-assign]
+        pcm = speech[: 3 * 24000]
+
+        async def run() -> list:
+            start = time.perf_counter() + 2.0  # both connected and through the handshake by then
+            first = stream(chat_url(server.ws), pcm, page_samples=960, start_at=start)
+            second = stream(chat_url(server.ws), pcm, page_samples=960, start_at=start + 0.4 + 0.02)
+            return list(await asyncio.gather(first, second))
+
+        results = asyncio.run(run())
+    assert all(r.frames_sent == 37 for r in results)
+    # The first session took slot 1 or 0 depending on which connected first: tell them apart by their first frame.
+    first, second = sorted(arrivals.values(), key=lambda times: times[0])
+    offsets_ms = [1e3 * (t - min(first, key=lambda u: abs(u - t))) for t in second[2:]]
+    offset = float(np.median(offsets_ms))
+    if align:
+        assert -35.0 < offset < -5.0, offsets_ms
+    else:
+        assert 5.0 < offset < 35.0, offsets_ms
