@@ -49,6 +49,6 @@ def test_bench_faults_reports_each_scenario(tmp_path: Path) -> None:
     rows = {row["scenario"]: row for row in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"no fault", "LLM HTTP 500"}
     for row in rows.values():
-        assert row["sessions_kept"] == 2 and row["frames"] == 2 * 100
+        assert row["sessions_kept"] == 2 and 2 * 100 - 2 <= row["frames"] <= 2 * 100  # as in the load test above
         # Each session's `<ret>` has an outcome (which one depends on how fast this machine's Whisper is).
         assert row["spans_injected"] + sum(row["spans_dropped"].values()) == 2, row
