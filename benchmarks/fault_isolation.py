@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.report import machine_info, save_json
+from benchmarks.load_test import CONNECT_S, JOIN_FRAMES
+from benchmarks.report import latency_summary, machine_info, save_json
 from server.client import StreamResult, chat_url, speak, start_server, stop_server, stream
 from server.protocol import FRAME_SAMPLES, SAMPLE_RATE
 
@@ -71,15 +73,12 @@ def question_pcm(workdir: Path, seconds: float) -> tuple[np.ndarray, int]:
 
 
 async def two_clients(ws: str, pcm: np.ndarray) -> list[StreamResult]:
-    """The second client starts 13 frames (1.04 s) later: the frame phases stay aligned, the two questions do
-    not reach the one Whisper process at the same moment."""
+    """Both connect, then stream on a schedule: the second 13 frames (1.04 s) after the first, so their frames
+    end at the same moment and the two questions do not reach the one Whisper process at once."""
     url = chat_url(ws, events=True)
-
-    async def later() -> StreamResult:
-        await asyncio.sleep(13 * FRAME_SAMPLES / SAMPLE_RATE)
-        return await stream(url, pcm)
-
-    return list(await asyncio.gather(stream(url, pcm), later()))
+    start = time.perf_counter() + CONNECT_S
+    second = start + JOIN_FRAMES * FRAME_SAMPLES / SAMPLE_RATE
+    return list(await asyncio.gather(stream(url, pcm, start_at=start), stream(url, pcm, start_at=second)))
 
 
 def run_scenario(scenario: Scenario, workdir: Path, pcm: np.ndarray, ret_frame: int) -> dict[str, Any]:
@@ -105,11 +104,7 @@ def run_scenario(scenario: Scenario, workdir: Path, pcm: np.ndarray, ret_frame: 
         "sessions_kept": len(kept),
         "sessions_closed_1011": sum(r.close_code == 1011 for r in results),
         "frames": int(latencies.size),
-        "latency_ms": {
-            "p50": round(float(np.percentile(latencies, 50)), 1) if latencies.size else None,
-            "p99": round(float(np.percentile(latencies, 99)), 1) if latencies.size else None,
-            "max": round(float(latencies.max()), 1) if latencies.size else None,
-        },
+        "latency_ms": latency_summary(latencies),
         "deadline_misses": sum(s.deadline_misses for r in kept for s in r.of_type("stats")),
         "spans_injected": sum(e.type == "span.injected" for e in every),
         "spans_dropped": dict(Counter(e.reason for e in every if e.type == "span.dropped")),

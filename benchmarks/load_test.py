@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import psutil
 
-from benchmarks.report import machine_info, save_json
+from benchmarks.report import latency_summary, machine_info, save_json
 from server.client import StreamResult, chat_url, load_wav, speak, start_server, stop_server, stream
 from server.protocol import FRAME_SAMPLES, SAMPLE_RATE
 
@@ -122,11 +122,7 @@ def report(args: argparse.Namespace, results: list[StreamResult], samples: dict,
         "frames_sent": frames_sent,
         "frames_measured": int(latencies.size),
         "audio_messages_received": sum(r.audio_messages for r in results),
-        "latency_ms": {
-            "p50": round(float(np.percentile(latencies, 50)), 2) if latencies.size else None,
-            "p99": round(float(np.percentile(latencies, 99)), 2) if latencies.size else None,
-            "max": round(float(latencies.max()), 2) if latencies.size else None,
-        },
+        "latency_ms": latency_summary(latencies),
         "mean_tick_ms": rounded(histogram_mean(metrics, "contextspan_tick_seconds"), 1e3),
         "mean_tick_cpu_ms": rounded(histogram_mean(metrics, "contextspan_tick_cpu_seconds"), 1e3),
         "mean_batch_size": rounded(histogram_mean(metrics, "contextspan_batch_size")),

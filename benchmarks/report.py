@@ -8,6 +8,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 
 def machine_info(device: str | None = None) -> dict[str, Any]:
     """Numbers are never quoted without their machine; torch is imported only when a device is named."""
@@ -31,3 +33,13 @@ def save_json(path: Path | None, result: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
+
+
+def percentile(values: list[float] | np.ndarray, q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 2) if len(values) else None
+
+
+def latency_summary(latencies_ms: list[float] | np.ndarray) -> dict[str, float | None]:
+    """P50 / P99 / max of per-frame latencies, as the load, fault and soak reports quote them."""
+    return {"p50": percentile(latencies_ms, 50), "p99": percentile(latencies_ms, 99),
+            "max": round(float(np.max(latencies_ms)), 2) if len(latencies_ms) else None}

@@ -27,7 +27,7 @@ import numpy as np
 import psutil
 import websockets
 
-from benchmarks.report import machine_info, save_json
+from benchmarks.report import machine_info, percentile, save_json
 from server.client import StreamResult, chat_url, speak, start_server, stop_server, stream
 from server.protocol import CLOSE_NORMAL, CLOSE_TRY_AGAIN, FRAME_SAMPLES, SAMPLE_RATE
 
@@ -73,10 +73,6 @@ def session_frames(rng: random.Random, total: int, ret_frame: int) -> int:
     if roll < 0.75:
         return rng.randint(MIN_FRAMES, total)
     return min(total, ret_frame + rng.randint(1, 4))
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 2) if values else None
 
 
 @dataclass
