@@ -7,11 +7,9 @@ joins. Each session therefore produces what it would produce alone (tests/test_b
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from frontend_model.block import Block
+from frontend_model.block import Block, Prefix
 from frontend_model.engine import (
     DEFAULT_MAX_SPAN_FRAMES,
     FRAME_S,
@@ -90,23 +88,21 @@ class BatchEngine(Engine):
             raise EngineStateError(f"inject before slot {slot}'s first step")
         self.lm_gen.set_exec_mask(self._one_hot(slot))
         self._span_slot = slot
-        self._force(block)
+        self._insert(block, one_pass=True)
 
     @torch.no_grad()
-    def prefill_slot(self, slot: int, block: Block) -> None:
+    def prefill_slot(self, slot: int, prefix: Prefix) -> None:
         """Prefill a joining slot's persona prefix, before its first step; the other slots are left as they were."""
         self._require_running("prefill_slot")
         if self.slot_offset(slot) != 0:
             raise EngineStateError(f"prefill of slot {slot} after its first step")
         self.lm_gen.set_exec_mask(self._one_hot(slot))
         self._span_slot = slot
-        self._force(block)
+        self._prefill(prefix, one_pass=True)
 
-    def _forward_span(self, inputs: torch.Tensor, state: Any) -> None:
+    def _forced_rows(self) -> tuple[int, int]:
         """Only the injecting slot's row goes through the transformer: the others would be computed for nothing."""
-        slot = self._span_slot
-        with rows([self.model.lm.transformer], slot, slot + 1):
-            self.model.lm.forward_text(inputs[slot : slot + 1], state.condition_sum, state.condition_cross)
+        return self._span_slot, self._span_slot + 1
 
     def _one_hot(self, slot: int) -> torch.Tensor:
         if not 0 <= slot < self.slots:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from frontend_model.batch_engine import BatchEngine
-from frontend_model.block import Block
+from frontend_model.block import Block, Prefix
 from frontend_model.codec import BatchFrameCodec
 from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, FRAME_S, SAMPLED, PrefillCost, SamplingConfig
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel
@@ -58,7 +58,7 @@ class BatchedModel:
         for _ in range(ticks):
             self.tick(frames)
 
-    def open_slot(self, slot: int, prefix: Block | None) -> float:
+    def open_slot(self, slot: int, prefix: Prefix | None) -> float:
         """A session takes `slot`: fresh state for it, then its persona prefix; returns the prefill seconds."""
         self.engine.reset_slot(slot)
         self.codec.reset_slot(slot)

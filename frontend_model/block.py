@@ -17,3 +17,27 @@ class Block:
     @property
     def frames(self) -> int:
         return int(self.tokens.shape[1])
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A persona prefix, prefilled before the first step: optional replayed columns, then frames.
+
+    `embeddings` [E, dim] are the summed input embeddings of the stream's first E columns (a PersonaPlex voice
+    prompt). `block` holds undelayed frames (text, agent rows, user rows), laid out through the LM's delays as
+    PersonaPlex's runtime steps them; `carry` [rows] is the frame before them, whose delayed rows the first of
+    them reads (None at the start of the stream, where those rows read the initial tokens).
+    """
+
+    block: Block
+    embeddings: torch.Tensor | None = None
+    carry: torch.Tensor | None = None
+
+    @property
+    def replayed(self) -> int:
+        return 0 if self.embeddings is None else int(self.embeddings.shape[0])
+
+    @property
+    def frames(self) -> int:
+        """Stream positions the prefix fills: the engine's offset after prefilling it."""
+        return self.replayed + self.block.frames

@@ -1,9 +1,16 @@
 """Frame-by-frame stepping of a Moshi-family LM with one-pass Context Span injection.
 
-`inject(block)` feeds the n frames of a block through the temporal transformer as one T=n forward and then
-advances the LMGen token ring and offsets by hand, leaving exactly the state that n forced `LMGen` steps
-(user input = the block's user rows, text forced, depformer replaced by the block's agent rows) would leave.
-`inject_stepwise` is that frame-by-frame reference; tests and benchmarks compare the two.
+A span block is n columns inserted verbatim into the delayed stream the temporal transformer reads, the layout the
+Context Spanning model was trained on: after live column k-1 the transformer reads B_1 .. B_n, then column k. Column
+k is the one the last step left pending in LMGen's token ring (the text and agent semantic it sampled for frame k,
+the acoustic codes of frame k-1 on both sides); `inject` writes the block into the KV cache in one T=n forward and
+moves the ring n places on, so that column is read after the block. The first frame out after a span is therefore
+frame k: the text token and agent semantic code sampled before the span, with acoustic codes sampled after it.
+(The reference runtime instead returns the block's close id and SILENCE[0] there and patches them.)
+`inject_stepwise` feeds the same columns one at a time, the reference that tests and benchmarks compare with.
+
+A persona prefix is undelayed frames laid out through the delays, as PersonaPlex steps its prompts, optionally after
+a replayed voice prompt; `prefill` runs it in one pass and samples the pending column from its last position.
 """
 
 from __future__ import annotations
@@ -15,11 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from moshi.models.lm import LMGen, scatter_with_mask_
+from moshi.models.lm import LMGen
+from moshi.utils.sampling import sample_token
 
-from frontend_model.block import Block
+from frontend_model.block import Block, Prefix
+from frontend_model.columns import delayed_columns, embed_columns, forward_embeddings, initial_columns
 from frontend_model.kv_ring import widen_kv_rings
 from frontend_model.loading import LoadedModel
+from frontend_model.row_view import rows
 from frontend_model.span_block import SpanBuild, build_span, forbidden_ids
 
 DEFAULT_MAX_SPAN_FRAMES = 640
@@ -101,10 +111,11 @@ class Engine:
         cost: PrefillCost | None = None,
         frame_budget_s: float = FRAME_S,
     ) -> None:
-        if model.span.dep_q != model.span.agent_codebooks:
-            raise NotImplementedError(
-                f"{model.profile}: the depformer predicts {model.span.dep_q} codebooks (PersonaPlex family); stepping "
-                "such checkpoints needs user rows provided inside the depformer, which this engine does not do yet"
+        if model.lm.dep_q != model.span.agent_codebooks:
+            raise ValueError(
+                f"{model.profile}: the depformer runs {model.lm.dep_q} steps but the model speaks "
+                f"{model.span.agent_codebooks} agent codebooks; a PersonaPlex-family (dep_q 16) checkpoint must be "
+                "limited to its agent rows first (frontend_model.depformer.run_depformer_for_agent_only)"
             )
         self.model = model
         self.span = model.span
@@ -123,21 +134,16 @@ class Engine:
             temp_text=sampling.temp_text,
             top_k=sampling.top_k,
             top_k_text=sampling.top_k_text,
-            on_text_hook=self._on_text,
             on_text_logits_hook=self._on_text_logits,
         )
         self.slots = 1
-        self._forced_text: torch.Tensor | None = None
         self.last_text_logits: torch.Tensor | None = None
         self.kv_capacity = 0
         self.steps = 0
         self._stream: ExitStack | None = None
         self._started = False
         self._closed = False
-        device = model.device
-        self._delays = torch.tensor(model.lm.delays, dtype=torch.long, device=device)
-        self._gen_rows = 1 + model.lm.dep_q
-        self._max_delay = int(max(model.lm.delays))
+        self._delays = torch.tensor(model.lm.delays, dtype=torch.long, device=model.device)
 
     # lifecycle -----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -167,7 +173,6 @@ class Engine:
         """Frames the model has consumed so far (steps plus injected frames)."""
         return int(self._state().offsets[0])
 
-
     def prepare_span(self, text: str) -> SpanBuild:
         """Backend text -> block within the frame cap (cut at a word boundary, reported in the result).
 
@@ -192,31 +197,27 @@ class Engine:
         self._require_running("inject")
         if self.steps == 0:
             raise EngineStateError("inject before the first step: use prefill() for a prefix before streaming")
-        self._force(block)
+        self._insert(block, one_pass=True)
 
     @torch.no_grad()
-    def prefill(self, block: Block) -> None:
+    def inject_stepwise(self, block: Block) -> None:
+        """The column-by-column reference: the same columns through the transformer one at a time (T=1)."""
+        self._require_running("inject_stepwise")
+        self._insert(block, one_pass=False)
+
+    @torch.no_grad()
+    def prefill(self, prefix: Prefix) -> None:
         """Prefill a persona / system prefix in one pass, before the first step."""
         self._require_running("prefill")
         if self.steps != 0 or self.offset != 0:
             raise EngineStateError("prefill is only allowed before the first step")
-        self._force(block)
+        self._prefill(prefix, one_pass=True)
 
     @torch.no_grad()
-    def inject_stepwise(self, block: Block) -> None:
-        """The frame-by-frame reference: n ordinary LMGen steps with text and agent audio forced."""
-        self._require_running("inject_stepwise")
-        self._check_block(block)
-        tokens = block.tokens.to(self.model.device)
-        agent = slice(1, 1 + self.span.agent_codebooks)
-        user = slice(1 + self.span.agent_codebooks, None)
-        for i in range(block.frames):
-            self._forced_text = tokens[0, i].view(1)
-            try:
-                self.lm_gen.step(tokens[None, user, i : i + 1], depformer_replace_tokens=tokens[None, agent, i : i + 1])
-            finally:
-                self._forced_text = None
-        self.steps += block.frames
+    def prefill_stepwise(self, prefix: Prefix) -> None:
+        """The column-by-column reference for `prefill`."""
+        self._require_running("prefill_stepwise")
+        self._prefill(prefix, one_pass=False)
 
     # internals -----------------------------------------------------------------------------------------
     def _state(self) -> Any:
@@ -232,21 +233,16 @@ class Engine:
             raise EngineStateError(f"{what} before start()")
 
     def _check_block(self, block: Block) -> None:
-        rows = self.span.num_rows
-        if block.tokens.dim() != 2 or block.tokens.shape[0] != rows:
-            raise ValueError(f"block must be [{rows}, n], got {tuple(block.tokens.shape)}")
-        if not 0 < block.frames <= self.max_span_frames:
-            raise ValueError(f"block has {block.frames} frames; this engine takes 1..{self.max_span_frames}")
+        num_rows = self.span.num_rows
+        if block.tokens.dim() != 2 or block.tokens.shape[0] != num_rows:
+            raise ValueError(f"block must be [{num_rows}, n], got {tuple(block.tokens.shape)}")
+        self._check_length(block.frames)
 
     def _user_column(self, user_codes: torch.Tensor) -> torch.Tensor:
         codes = user_codes.to(self.model.device, torch.long).reshape(-1)
         if codes.numel() != self.span.user_codebooks:
             raise ValueError(f"expected {self.span.user_codebooks} user codes, got {codes.numel()}")
         return codes.view(1, -1, 1)
-
-    def _on_text(self, text_token: torch.Tensor) -> None:
-        if self._forced_text is not None:
-            text_token.copy_(self._forced_text)
 
     def _on_text_logits(self, logits: torch.Tensor) -> None:
         """Keeps the model's own logits for inspection, then masks the ids this model must never sample."""
@@ -256,47 +252,84 @@ class Engine:
         self.last_text_logits = logits.clone()
         logits[..., self._suppressed] = float("-inf")
 
-    def _forward_span(self, inputs: torch.Tensor, state: Any) -> None:
-        """The T=n forward that writes the block into the KV cache."""
-        self.model.lm.forward_text(inputs, state.condition_sum, state.condition_cross)
+    def _forced_rows(self) -> tuple[int, int]:
+        """The batch rows a span or prefix is written for: the engine's only one here."""
+        return 0, self.slots
 
-    def _force(self, block: Block) -> None:
+    def _forward(self, x: torch.Tensor, one_pass: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed input embeddings [rows, T, dim] of the forced rows through the temporal transformer."""
+        lo, hi = self._forced_rows()
+        lm = self.model.lm
+        with rows([lm.transformer], lo, hi):
+            if one_pass:
+                return forward_embeddings(lm, x)
+            outs = [forward_embeddings(lm, x[:, i : i + 1]) for i in range(x.shape[1])]
+        return torch.cat([o for o, _ in outs], dim=1), torch.cat([t for _, t in outs], dim=2)
+
+    def _check_length(self, frames: int) -> None:
+        if not 0 < frames <= self.max_span_frames:
+            raise ValueError(f"block has {frames} frames; this engine takes 1..{self.max_span_frames}")
+
+    def _insert(self, block: Block, one_pass: bool) -> None:
+        """Span columns verbatim into the stream; the pending column is read after them."""
         self._check_block(block)
+        lo, hi = self._forced_rows()
+        columns = block.tokens.to(self.model.device)[None].expand(hi - lo, -1, -1)
+        self._forward(embed_columns(self.model.lm, columns), one_pass)
         state = self._state()
-        tokens = block.tokens.to(state.cache.device)[None].expand(state.batch_size, -1, -1)
-        n = block.frames
-        ring = state.cache
+        ring = state.cache[lo:hi]
+        offsets = state.offsets[lo:hi]
+        # The pending column would have been read at its own position: the stream's first ones read initial tokens.
+        at = (offsets % ring.shape[2])[:, None, None].expand(-1, ring.shape[1], 1)
+        pending = ring.gather(2, at)
+        is_init = offsets[:, None, None] <= self._delays[None, :, None]
+        ring.scatter_(2, at, torch.where(is_init, state.initial, pending))
+        ring.copy_(torch.roll(ring, block.frames, dims=2))
+        self._advance(lo, hi, block.frames)
+
+    def _prefill(self, prefix: Prefix, one_pass: bool) -> None:
+        """Replayed embeddings, then the frames' columns, in one forward; then the pending column is sampled."""
+        block = prefix.block
+        self._check_block(block)
+        self._check_length(prefix.frames)
+        lm = self.model.lm
+        state = self._state()
+        lo, hi = self._forced_rows()
+        device = self.model.device
+        frames = block.tokens.to(device)
+        carry = None if prefix.carry is None else prefix.carry.to(device)
+        columns = delayed_columns(frames, lm.delays, carry)[None].expand(hi - lo, -1, -1)
+        columns = initial_columns(columns, prefix.replayed, self._delays, state.initial)
+        x = embed_columns(lm, columns)
+        if prefix.embeddings is not None:
+            replay = prefix.embeddings.to(device, x.dtype).reshape(1, prefix.replayed, -1).expand(hi - lo, -1, -1)
+            x = torch.cat([replay, x], dim=1)
+        out, text_logits = self._forward(x, one_pass)
+        # What LMGen's step would sample from the last position: the text token and the agent semantic code of the
+        # next column; its acoustic rows (agent and user, delay 1) are the last frame's.
+        logits = text_logits[:, :, -1:]
+        self._on_text_logits(logits)
+        text = sample_token(logits.float(), self.lm_gen.use_sampling, self.lm_gen.temp_text, self.lm_gen.top_k_text)
+        text = text[:, 0, 0]
+        semantic = self.lm_gen.depformer_step(text, out[:, -1:])[:, 0]
+        # The ring as LMGen's step on the last column leaves it: that column, then the next one but for the user
+        # rows a step reads from its own input.
+        ring = state.cache[lo:hi]
         ring_len = ring.shape[2]
-        g = self._gen_rows
-        offsets = state.offsets
-        window = ring.gather(2, ((offsets[:, None] + torch.arange(max(self._max_delay, 1), device=ring.device))
-                                 % ring_len)[:, None].expand(-1, ring.shape[1], -1))
+        ring[:, :, (prefix.frames - 1) % ring_len] = columns[:, :, -1]
+        user_input = torch.zeros_like(self._delays, dtype=torch.bool)
+        user_input[1 + self.span.agent_codebooks :] = self._delays[1 + self.span.agent_codebooks :] == 0
+        at = prefix.frames % ring_len
+        pending = torch.where(user_input[None], ring[:, :, at], frames[:, -1][None])
+        pending[:, 0] = text
+        pending[:, 1] = semantic
+        ring[:, :, at] = pending
+        self._advance(lo, hi, prefix.frames)
 
-        # Inputs of the n steps, in the LM's delayed layout. Text and agent rows read at position p what was
-        # written after step p-1 (the ring for the first frame, then the block); a user row with delay d reads
-        # what the user fed at step p-d (the ring for the first d frames, then the block).
-        inputs = torch.empty_like(tokens)
-        inputs[:, :g, 0] = window[:, :g, 0]
-        inputs[:, :g, 1:] = tokens[:, :g, :-1]
-        for d in sorted(set(self.model.lm.delays[g:])):
-            rows = [g + k for k, delay in enumerate(self.model.lm.delays[g:]) if delay == d]
-            inputs[:, rows] = torch.cat([window[:, rows, :d], tokens[:, rows]], dim=2)[:, :, :n]
-        positions = offsets[:, None, None] + torch.arange(n, device=ring.device)
-        is_init = positions <= self._delays[None, :, None]
-        inputs = torch.where(is_init, state.initial, inputs)
-
-        self._forward_span(inputs, state)
-
-        # The ring after n forced steps: only the last `ring_len` steps' writes survive.
-        mask = state.exec_mask[:, None, None]
-        for i in range(max(0, n - ring_len), n):
-            step = offsets + i
-            user_pos = ((step[:, None] + self._delays[None, g:]) % ring_len)[:, :, None]
-            scatter_with_mask_(ring[:, g:], -1, user_pos, tokens[:, g:, i : i + 1], mask)
-            gen_pos = ((step + 1) % ring_len)[:, None, None].expand(-1, g, 1)
-            scatter_with_mask_(ring[:, :g], -1, gen_pos, tokens[:, :g, i : i + 1], mask)
-        state.offsets = torch.where(state.exec_mask, offsets + n, offsets)
-        state.offset_cpu += n
+    def _advance(self, lo: int, hi: int, frames: int) -> None:
+        state = self._state()
+        state.offsets[lo:hi] += frames
+        state.offset_cpu += frames
 
 
 def time_call(fn: Callable[[], object], sync: Callable[[], None]) -> float:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sentencepiece
 import torch
 
-from frontend_model.block import Block
+from frontend_model.block import Block, Prefix
 from frontend_model.span_config import SpanConfig
 from frontend_model.text_normaliser import normalise_text
+from frontend_model.voice_prompt import VoicePrompt
 
 WORD_START = "\u2581"
 
@@ -106,29 +108,63 @@ def build_span(
     )
 
 
+def silence_frames(span: SpanConfig, frames: int) -> Block:
+    agent, user = placeholder_rows(span, frames)
+    return frames_block([span.text_pad_id] * frames, agent, user)
+
+
+def voice_part(
+    voice: VoicePrompt, span: SpanConfig, delays: Sequence[int]
+) -> tuple[torch.Tensor | None, torch.Tensor | None, Block]:
+    """A voice prompt as (replayed embeddings [E, dim], carry frame [rows], frames) of a prefix.
+
+    Codes (Context Spanning): one frame per code column, text padded, the sine on the user side. Embeddings
+    (PersonaPlex): E replayed columns, then the restored ring, which holds column E whole and the delayed rows of
+    column E + 1; as frames, that is frame E (delay-0 rows from column E, delayed ones from column E + 1) after a
+    carry frame whose delayed rows column E reads.
+    """
+    if voice.codes is not None:
+        codes = voice.codes.to(torch.long)
+        if codes.dim() != 2 or codes.shape[0] != span.agent_codebooks:
+            raise ValueError(f"voice {voice.name}: codes must be [{span.agent_codebooks}, frames]")
+        _, user = placeholder_rows(span, codes.shape[1])
+        return None, None, frames_block([span.text_pad_id] * codes.shape[1], codes, user)
+    if voice.embeddings is None or voice.cache is None:
+        raise ValueError(f"voice {voice.name} holds neither codes nor embeddings with their cache")
+    ring = voice.cache.to(torch.long).reshape(voice.cache.shape[-2], voice.cache.shape[-1])
+    if ring.shape[0] != span.num_rows:
+        raise ValueError(f"voice {voice.name}: cache has {ring.shape[0]} rows, the model {span.num_rows}")
+    replayed = voice.frames
+    here, after = ring[:, replayed % ring.shape[1]], ring[:, (replayed + 1) % ring.shape[1]]
+    frame = torch.where(torch.tensor(list(delays)) > 0, after, here)
+    return voice.embeddings.reshape(replayed, -1), here, Block(frame[:, None])
+
+
 def build_prefix(
     system_text: str,
     tokenizer: sentencepiece.SentencePieceProcessor,
     span: SpanConfig,
-    voice_codes: torch.Tensor | None = None,
+    voice: VoicePrompt | None = None,
+    delays: Sequence[int] = (),
     forbidden: frozenset[int] | None = None,
-) -> Block | None:
-    """Persona prefix: voice prompt frames (text padded), then `<system> persona <system>` one token a frame.
+) -> Prefix | None:
+    """Persona prefix in the family's order: voice prompt, silence, `<system> persona <system>`, silence.
 
-    `voice_codes` is [agent, m] in the depformer's (delayed) layout; the user side hears the sine throughout.
+    One text token a frame with silence on the agent rows and the sine on the user rows; `span.prefix_silence_frames`
+    silence frames after the voice and after the text. `delays` (the LM's) place an embeddings voice prompt.
     """
     forbidden = forbidden if forbidden is not None else forbidden_ids(tokenizer, span)
+    embeddings = carry = None
     parts: list[Block] = []
-    if voice_codes is not None and voice_codes.shape[1] > 0:
-        m = voice_codes.shape[1]
-        _, user = placeholder_rows(span, m)
-        parts.append(frames_block([span.text_pad_id] * m, voice_codes, user))
+    if voice is not None:
+        embeddings, carry, frames = voice_part(voice, span, delays)
+        parts += [frames, silence_frames(span, span.prefix_silence_frames)]
     _, persona_ids = tokenize_data_text(system_text, tokenizer, forbidden)
     if persona_ids:
         marker = tokenizer.encode("<system>")
         row = [*marker, *persona_ids, *marker]
         agent, user = placeholder_rows(span, len(row))
-        parts.append(frames_block(row, agent, user))
+        parts += [frames_block(row, agent, user), silence_frames(span, span.prefix_silence_frames)]
     if not parts:
         return None
-    return Block(torch.cat([p.tokens for p in parts], dim=1))
+    return Prefix(Block(torch.cat([p.tokens for p in parts], dim=1)), embeddings, carry)

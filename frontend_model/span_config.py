@@ -7,6 +7,10 @@ from dataclasses import dataclass
 # Mimi codes of 80 ms of silence and of a 440 Hz sine at amplitude 0.5 for PersonaPlex-family codec weights.
 PERSONAPLEX_SILENCE_CODES = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
 PERSONAPLEX_SINE_CODES = (430, 1268, 381, 1611, 1095, 1495, 56, 472)
+# Silence frames after the voice prompt and after the persona text: PersonaPlex's runtime steps half a second,
+# the Context Spanning model was trained with one.
+PERSONAPLEX_PREFIX_SILENCE_FRAMES = 6
+CONTEXT_SPANNING_PREFIX_SILENCE_FRAMES = 1
 
 
 @dataclass(frozen=True)
@@ -15,6 +19,7 @@ class SpanConfig:
 
     `agent_codebooks` / `user_codebooks` are the audio rows the LM reads per side (8 each for Moshi 7B);
     `dep_q` is how many rows the depformer predicts, which PersonaPlex-family checkpoints set to 16.
+    `prefix_silence_frames` follow the voice prompt and the persona text in a prefix (per family).
     """
 
     ret_id: int
@@ -27,6 +32,7 @@ class SpanConfig:
     user_codebooks: int
     dep_q: int
     context: int
+    prefix_silence_frames: int = CONTEXT_SPANNING_PREFIX_SILENCE_FRAMES
 
     def __post_init__(self) -> None:
         if len(self.silence_codes) != self.agent_codebooks:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from frontend_model.batch_model import BatchedModel
-from frontend_model.block import Block
+from frontend_model.block import Prefix
 from frontend_model.calibration import TickCost
 from frontend_model.engine import FRAME_S
 from frontend_model.loading import FRAME_SAMPLES
@@ -102,7 +102,7 @@ class Batcher:
     def acquire(self) -> int | None:
         return self._free.pop() if self._free else None
 
-    async def open(self, slot: int, prefix: Block | None) -> float:
+    async def open(self, slot: int, prefix: Prefix | None) -> float:
         """Fresh state for `slot` and its persona prefilled, on the worker between ticks; returns prefill seconds."""
         prefill_s = await self.worker.run(lambda: self.model.open_slot(slot, prefix))
         self._active.add(slot)

@@ -11,11 +11,12 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from frontend_model.block import Block
+from frontend_model.block import Block, Prefix
 from frontend_model.codec import FrameCodec
 from frontend_model.engine import Engine, PrefillCost
 from frontend_model.loading import LoadedModel
 from frontend_model.span_block import SpanBuild, build_prefix
+from frontend_model.voice_prompt import VoicePrompt
 from server import protocol as p
 from server.frame_clock import InputFrame
 
@@ -75,19 +76,24 @@ def load_voice_codes(path: Path, agent_codebooks: int) -> torch.Tensor:
     return data.to(torch.long)
 
 
-def build_persona_block(model: LoadedModel, persona: str, voice: str | None, max_frames: int) -> Block | None:
-    """The prefix prefilled before the handshake: tokenising, and reading the voice prompt file if any."""
-    voice_codes = None
+def build_persona_block(model: LoadedModel, persona: str, voice: str | None, max_frames: int) -> Prefix | None:
+    """The prefix prefilled before the handshake: tokenising, and the voice prompt if any."""
+    prompt = None
     if voice:
-        path = model.voice_prompts.get(voice)
-        if path is None:
+        found = model.voice_prompts.get(voice)
+        if found is None:
             known = ", ".join(sorted(model.voice_prompts)) or "none for this model"
             raise PersonaError(f"unknown voice {voice!r} (known: {known})")
-        voice_codes = load_voice_codes(path, model.span.agent_codebooks)
-    block = build_prefix(persona, model.tokenizer, model.span, voice_codes)
-    if block is not None and block.frames > max_frames:
-        raise PersonaError(f"persona and voice take {block.frames} frames; at most {max_frames} fit")
-    return block
+        # Until loading hands over VoicePrompt objects, a path holds codes (integration adapter).
+        prompt = found if isinstance(found, VoicePrompt) else VoicePrompt(
+            voice, codes=load_voice_codes(found, model.span.agent_codebooks))
+    try:
+        prefix = build_prefix(persona, model.tokenizer, model.span, prompt, model.lm.delays)
+    except ValueError as exc:
+        raise PersonaError(str(exc)) from exc
+    if prefix is not None and prefix.frames > max_frames:
+        raise PersonaError(f"persona and voice take {prefix.frames} frames; at most {max_frames} fit")
+    return prefix
 
 
 class ModelSession:
@@ -106,7 +112,7 @@ class ModelSession:
         self.codec = FrameCodec(model.mimi)
         self.engine = Engine(model, cost=cost, frame_budget_s=frame_budget_s)
 
-    def open(self, prefix: Block | None) -> float:
+    def open(self, prefix: Prefix | None) -> float:
         """Start the streams and prefill the persona; returns the prefill time in seconds."""
         self.codec.open()
         self.engine.start()

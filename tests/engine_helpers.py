@@ -2,14 +2,51 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 
 import torch
+from moshi.models import loaders
+from moshi.models.lm import LMModel
 
 from frontend_model.block import Block
+from frontend_model.depformer import run_depformer_for_agent_only
 from frontend_model.engine import Engine
 from frontend_model.kv_ring import attention_layers
+from frontend_model.loading import LoadedModel, load_model
+from frontend_model.profiles import TINY_LM_CONFIG
 from frontend_model.span_block import placeholder_rows
+
+FAMILIES = (8, 16)  # depformer steps: Moshi-shaped, PersonaPlex-shaped
+
+
+def tiny_lm(dep_q: int, context: int, dtype: torch.dtype, text_card: int, seed: int = 0) -> LMModel:
+    config = dict(TINY_LM_CONFIG, dep_q=dep_q, text_card=text_card, context=context)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        return loaders.get_moshi_lm(None, lm_kwargs=config, device="cpu", dtype=dtype).eval()
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def tiny_model(dep_q: int = 8, context: int = 3000, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """The tiny profile, or with a PersonaPlex-shaped LM (16 depformer steps) limited to its agent rows."""
+    base = load_model("tiny", device="cpu", dtype=dtype, context=context)
+    if dep_q == base.lm.dep_q:
+        return base
+    lm = tiny_lm(dep_q, context, dtype, base.tokenizer.vocab_size())
+    trained = run_depformer_for_agent_only(lm)
+    return dataclasses.replace(base, profile=f"tiny-dep_q{dep_q}", lm=lm, span=dataclasses.replace(base.span,
+                                                                                                    dep_q=trained))
+
+
+def unlimited(model: LoadedModel) -> LMModel:
+    """A copy of the model's LM with every depformer step it was trained with (the reference runs them all)."""
+    lm = copy.deepcopy(model.lm)
+    lm.dep_q = model.span.dep_q
+    return lm
 
 
 @dataclass

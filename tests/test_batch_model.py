@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from frontend_model.batch_model import BatchedModel
-from frontend_model.block import Block
+from frontend_model.block import Block, Prefix
 from frontend_model.codec import FrameCodec
 from frontend_model.engine import GREEDY, Engine
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
@@ -43,7 +43,7 @@ def speech(seed: int) -> np.ndarray:
     return (0.2 * np.random.default_rng(seed).standard_normal((TICKS, FRAME_SAMPLES))).astype(np.float32)
 
 
-def alone(model: LoadedModel, plan: Plan, prefix: Block | None, span: Block | None) -> list[tuple]:
+def alone(model: LoadedModel, plan: Plan, prefix: Prefix | None, span: Block | None) -> list[tuple]:
     pcm = speech(plan.seed)
     got: list[tuple] = []
     codec = FrameCodec(model.mimi)
@@ -63,7 +63,7 @@ def alone(model: LoadedModel, plan: Plan, prefix: Block | None, span: Block | No
     return got
 
 
-def batched(model: LoadedModel, plans: list[Plan], prefixes: list[Block | None],
+def batched(model: LoadedModel, plans: list[Plan], prefixes: list[Prefix | None],
             spans: list[Block | None], compact: bool) -> list[list[tuple]]:
     pcm = [speech(p.seed) for p in plans]
     got: list[list[tuple]] = [[] for _ in plans]
@@ -98,7 +98,7 @@ def test_four_sessions_in_one_batch_equal_each_alone(model: LoadedModel, compact
         Plan(4, leave=25),
     ]
     probe = Engine(model, GREEDY, max_span_frames=MAX_SPAN)
-    prefixes = [span_like_block(probe, p.prefix_frames, seed=100 + p.seed) if p.prefix_frames else None
+    prefixes = [Prefix(span_like_block(probe, p.prefix_frames, seed=100 + p.seed)) if p.prefix_frames else None
                 for p in plans]
     spans = [span_like_block(probe, MAX_SPAN, seed=p.seed) if p.span_at is not None else None for p in plans]
     together = batched(model, plans, prefixes, spans, compact)
@@ -117,7 +117,7 @@ def test_a_slot_steps_count_and_prefill_guard(model: LoadedModel) -> None:
     together = BatchedModel(model, 2, GREEDY, max_span_frames=MAX_SPAN)
     together.start()
     try:
-        probe = span_like_block(together.engine, 4, seed=1)
+        probe = Prefix(span_like_block(together.engine, 4, seed=1))
         together.open_slot(0, probe)
         together.open_slot(1, None)
         together.tick({0: np.zeros(FRAME_SAMPLES, np.float32)})

@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 
+from frontend_model.block import Prefix
 from frontend_model.engine import GREEDY, Engine, EngineStateError
 from frontend_model.loading import LoadedModel, load_model
 from tests.engine_helpers import span_like_block, user_frames
@@ -44,7 +45,7 @@ def test_prefill_after_first_step_is_refused(model: LoadedModel) -> None:
     with Engine(model, GREEDY, max_span_frames=16) as engine:
         engine.step(user_frames(1, seed=0)[0])
         with pytest.raises(EngineStateError, match="before the first step"):
-            engine.prefill(span_like_block(engine, 4, seed=0))
+            engine.prefill(Prefix(span_like_block(engine, 4, seed=0)))
 
 
 def test_oversized_and_misshaped_blocks_are_refused(model: LoadedModel) -> None:

@@ -124,10 +124,10 @@ def test_span_block_never_carries_a_control_id(
 def test_persona_prefix_never_carries_a_control_id(
     model: LoadedModel, forbidden: frozenset[int], text: str
 ) -> None:
-    block = build_prefix(text, model.tokenizer, model.span, forbidden=forbidden)
-    if block is None:
+    prefix = build_prefix(text, model.tokenizer, model.span, forbidden=forbidden)
+    if prefix is None:
         return
-    row = block.tokens[0].tolist()
+    row = prefix.block.tokens[0, : -model.span.prefix_silence_frames].tolist()
     marker = model.tokenizer.encode("<system>")
     assert row[: len(marker)] == marker and row[-len(marker) :] == marker
     assert not set(row) & forbidden
