@@ -12,7 +12,7 @@ from frontend_model.block import Block
 from frontend_model.engine import GREEDY, Engine
 from frontend_model.kv_ring import attention_layers
 from frontend_model.loading import LoadedModel, load_model
-from tests.engine_helpers import span_like_block, user_frames
+from tests.engine_helpers import span_like_block, tiny_model, user_frames
 
 CONTEXT = 8
 MAX_SPAN = 24
@@ -22,6 +22,11 @@ TICKS = 70  # > CONTEXT + MAX_SPAN: every ring wraps
 @pytest.fixture(scope="module")
 def model() -> LoadedModel:
     return load_model("tiny", device="cpu", dtype=torch.float32, context=CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def personaplex_model() -> LoadedModel:
+    return tiny_model(dep_q=16, context=CONTEXT)
 
 
 @dataclass
@@ -86,6 +91,12 @@ def run_and_compare(model: LoadedModel, plans: list[Plan], compact: bool) -> Non
 @pytest.mark.parametrize("compact", [True, False], ids=["compact", "whole-batch"])
 def test_four_sessions_equal_alone_with_a_span_mid_stream_after_wrap(model: LoadedModel, compact: bool) -> None:
     run_and_compare(model, [Plan(1), Plan(2, span_at=50, span_frames=MAX_SPAN), Plan(3, span_at=5), Plan(4)], compact)
+
+
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "whole-batch"])
+def test_dep_q16_sessions_equal_alone(personaplex_model: LoadedModel, compact: bool) -> None:
+    run_and_compare(personaplex_model, [Plan(1, idle={7, 8}), Plan(2, span_at=50, span_frames=MAX_SPAN),
+                                        Plan(3, join=9, leave=60, span_at=20)], compact)
 
 
 @pytest.mark.parametrize("compact", [True, False], ids=["compact", "whole-batch"])

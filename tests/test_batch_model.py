@@ -17,7 +17,9 @@ from frontend_model.block import Block, Prefix
 from frontend_model.codec import FrameCodec
 from frontend_model.engine import GREEDY, Engine
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
-from tests.engine_helpers import span_like_block
+from frontend_model.span_block import build_prefix
+from frontend_model.voice_prompt import VoicePrompt
+from tests.engine_helpers import span_like_block, tiny_model
 
 CONTEXT = 8
 MAX_SPAN = 24
@@ -27,6 +29,11 @@ TICKS = 60  # > CONTEXT + MAX_SPAN: every ring wraps
 @pytest.fixture(scope="module")
 def model() -> LoadedModel:
     return load_model("tiny", device="cpu", dtype=torch.float32, context=CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def personaplex_model() -> LoadedModel:
+    return tiny_model(dep_q=16, context=CONTEXT)
 
 
 @dataclass
@@ -107,6 +114,25 @@ def test_four_sessions_in_one_batch_equal_each_alone(model: LoadedModel, compact
         assert len(together[slot]) == len(expected)
         assert [t for t, _ in together[slot]] == [t for t, _ in expected], f"slot {slot}: text differs"
         assert sum(t is not None for t, _ in expected) > 10
+        for (_, got_pcm), (_, want_pcm) in zip(together[slot], expected, strict=True):
+            assert (got_pcm is None) == (want_pcm is None)
+            if want_pcm is not None:
+                np.testing.assert_allclose(got_pcm, want_pcm, atol=1e-5)
+
+
+def test_dep_q16_sessions_with_a_voice_prefix_equal_each_alone(personaplex_model: LoadedModel) -> None:
+    model = personaplex_model
+    codes = torch.randint(0, 2048, (model.span.agent_codebooks, 6), generator=torch.Generator().manual_seed(3))
+    prefix = build_prefix("", model.tokenizer, model.span, VoicePrompt("v", codes=codes), model.lm.delays)
+    assert prefix is not None and prefix.frames <= MAX_SPAN
+    plans = [Plan(1, span_at=30), Plan(2, join=5, span_at=20), Plan(3, idle={9, 10}, leave=40)]
+    prefixes = [None, prefix, None]
+    probe = Engine(model, GREEDY, max_span_frames=MAX_SPAN)
+    spans = [span_like_block(probe, 12, seed=p.seed) if p.span_at is not None else None for p in plans]
+    together = batched(model, plans, prefixes, spans, compact=True)
+    for slot, plan in enumerate(plans):
+        expected = alone(model, plan, prefixes[slot], spans[slot])
+        assert [t for t, _ in together[slot]] == [t for t, _ in expected], f"slot {slot}: text differs"
         for (_, got_pcm), (_, want_pcm) in zip(together[slot], expected, strict=True):
             assert (got_pcm is None) == (want_pcm is None)
             if want_pcm is not None:

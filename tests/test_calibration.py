@@ -7,6 +7,7 @@ from frontend_model.calibration import calibrate_prefill, calibration_sizes
 from frontend_model.engine import GREEDY, Engine, PrefillCost
 from frontend_model.loading import LoadedModel, load_model
 from frontend_model.profiles import moshi_7b_lm_config
+from tests.engine_helpers import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +32,11 @@ def test_calibration_measures_every_size(model: LoadedModel) -> None:
     assert cost.step_s > 0 and all(v > 0 for v in cost.span_s.values())
     with Engine(model, GREEDY, max_span_frames=48, cost=cost) as engine:  # the model is free again
         assert 0 <= engine.span_frame_cap <= 48
+
+
+def test_calibration_steps_a_dep_q16_model() -> None:
+    cost = calibrate_prefill(tiny_model(dep_q=16, context=64), max_frames=8, repeats=1)
+    assert sorted(cost.span_s) == [1, 2, 4, 8] and cost.step_s > 0
 
 
 def test_engine_cuts_spans_to_what_fits_the_frame_and_reports_it(model: LoadedModel) -> None:
