@@ -1,7 +1,8 @@
 """`contextspan bench span`: the paper's Table 1 (span prefill + one step per span length n).
 
-Per n: one-pass injection + the next step (mean +- std, P99), the same span forced frame by frame, the speed-up
-of one pass over frame-by-frame forcing, and the max abs difference of the next-step text logits between them.
+Per n: one-pass injection + the next step (mean +- std, P99), the same span columns fed one by one (T=1 each), the
+speed-up of one pass over column-by-column feeding, and the max abs difference of the next-step text logits between
+them.
 Also the cost of one whole frame (Mimi encode + LM step + Mimi decode) at batch 1.
 """
 
