@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
 import pytest
+import torch
 
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
+from frontend_model.voice_prompt import VoicePrompt
 from server.frame_clock import InputFrame
 from server.model_session import ModelSession, PersonaError, build_persona_block
 
@@ -62,3 +65,16 @@ def test_persona_errors(model: LoadedModel) -> None:
     with pytest.raises(PersonaError, match="at most 5 fit"):
         build_persona_block(model, "a long persona that takes more than five frames", None, 5)
     assert build_persona_block(model, "", None, 640) is None
+
+
+def test_persona_block_takes_the_voice_from_the_model(model: LoadedModel) -> None:
+    codes = torch.randint(0, 2048, (model.span.agent_codebooks, 4), generator=torch.Generator().manual_seed(0))
+    voiced = dataclasses.replace(model, voice_prompts={"ada": VoicePrompt("ada", codes=codes),
+                                                        "broken": VoicePrompt("broken")})
+    prefix = build_persona_block(voiced, "You are Ada.", "ada", 640)
+    plain = build_persona_block(voiced, "You are Ada.", None, 640)
+    assert prefix is not None and plain is not None
+    assert prefix.frames == plain.frames + 4 + model.span.prefix_silence_frames
+    assert torch.equal(prefix.block.tokens[1 : 1 + model.span.agent_codebooks, :4], codes)
+    with pytest.raises(PersonaError, match="neither codes nor embeddings"):
+        build_persona_block(voiced, "hi", "broken", 640)
