@@ -1,4 +1,4 @@
-"""The unit the engine forces into the model: n frames of tokens, one column a frame."""
+"""What the engine forces into the model: n frames of tokens (a span, or a prefix's frames)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import torch
 
 @dataclass(frozen=True)
 class Block:
-    """Row 0 the text token of each frame, then the agent audio rows (the depformer's place, in its delayed
-    layout), then the user audio rows (the user's input): what n forced LMGen steps would feed and write."""
+    """Row 0 the text token of each frame, then the agent audio rows, then the user audio rows, one column a frame.
+
+    A span block's columns go into the delayed stream verbatim; a prefix's block holds undelayed frames (`Prefix`).
+    """
 
     tokens: torch.Tensor  # [1 + agent + user, n] int64
 
