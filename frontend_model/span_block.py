@@ -12,6 +12,7 @@ from frontend_model.span_config import SpanConfig
 from frontend_model.text_normaliser import normalise_text
 
 WORD_START = "\u2581"
+MIN_SPAN_FRAMES = 3  # open, one token, close
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def build_span(
     forbidden: frozenset[int] | None = None,
 ) -> SpanBuild:
     """Backend text -> `[open] + tokens + [close]` with silence on agent rows and sine on user rows."""
-    if max_frames < 3:
+    if max_frames < MIN_SPAN_FRAMES:
         raise ValueError(f"max_frames must leave room for open, one token and close, got {max_frames}")
     forbidden = forbidden if forbidden is not None else forbidden_ids(tokenizer, span)
     normalised, ids = tokenize_data_text(text, tokenizer, forbidden)

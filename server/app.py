@@ -16,8 +16,9 @@ from starlette.websockets import WebSocketDisconnect
 
 from frontend_model.batch_model import BatchedModel
 from frontend_model.calibration import TickCost, calibrate_prefill, calibrate_ticks, tick_sizes
-from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES
+from frontend_model.engine import no_span_budget_warning
 from frontend_model.loading import LoadedModel, ModelLoadError, load_model
+from frontend_model.span_block import MIN_SPAN_FRAMES
 from server import auth
 from server import protocol as p
 from server.backend import Backend
@@ -29,7 +30,7 @@ from server.model_session import PersonaError
 from server.recording import recording_path
 from server.session import Session, SessionEnd, SessionOptions
 from server.settings import ServerSettings
-from server.tick_scheduler import TICK_SHARE, capacity
+from server.tick_scheduler import TICK_SHARE, admission_log, admit
 from server.worker import ModelWorker, WorkerRestarted
 
 logger = logging.getLogger(__name__)
@@ -120,8 +121,8 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
     if model.random_weights:
         logger.warning(RANDOM_WEIGHTS_BANNER.format(profile=model.profile))
     batcher = state.batcher
-    logger.info("serving %s on %s: %d session(s) in one batch, tick %.1f ms (%s)", model.description, model.device,
-                batcher.size, cost.tick(batcher.size) * 1e3, batcher.capacity.reason)
+    logger.info("serving %s on %s: %s", model.description, model.device,
+                admission_log(state.settings.admission, batcher.capacity, cost.tick, state.settings.deadline_ms / 1e3))
     state.model, state.worker = model, worker
     return load
 
@@ -130,18 +131,22 @@ async def calibrate(state: ServerState, model: LoadedModel, worker: ModelWorker)
     """What a span and a tick of each batch size cost on this machine; sizes stop past the tick's share."""
     max_sessions = state.settings.max_sessions
     limit_s = state.settings.deadline_ms / 1e3 * TICK_SHARE
-    prefill = await worker.run(lambda: calibrate_prefill(model, DEFAULT_MAX_SPAN_FRAMES))
+    prefill = await worker.run(lambda: calibrate_prefill(model, state.settings.max_span_frames))
     ticks = await worker.run(lambda: calibrate_ticks(model, tick_sizes(max_sessions), stop_above_s=limit_s))
     return TickCost(ticks, prefill)
 
 
 async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWorker, cost: TickCost) -> Batcher:
-    """As many slots as the calibrated tick admits, in one batched model, warmed up and ticking."""
+    """As many slots as admission allows, in one batched model, warmed up and ticking."""
     settings = state.settings
     budget_s = settings.deadline_ms / 1e3
-    admitted = capacity(cost.tick, budget_s, settings.max_sessions)
-    batched = BatchedModel(model, admitted.slots, max_span_frames=DEFAULT_MAX_SPAN_FRAMES, cost=cost.prefill,
-                           frame_budget_s=cost.span_budget(budget_s, admitted.slots))
+    admitted = admit(settings.admission, cost.tick, budget_s, settings.max_sessions)
+    span_budget_s = cost.span_budget(budget_s, admitted.slots)
+    batched = BatchedModel(model, admitted.slots, max_span_frames=settings.max_span_frames,
+                           cost=cost.prefill if settings.span_cap == "calibrated" else None,
+                           frame_budget_s=span_budget_s)
+    if batched.engine.span_frame_cap < MIN_SPAN_FRAMES:
+        logger.warning(no_span_budget_warning(cost.prefill, span_budget_s))
     await worker.run(batched.start)
     await worker.run(batched.warm_up)
     batcher = Batcher(batched, worker, cost, admitted, budget_s, settings.span_deadline_s, state.metrics)

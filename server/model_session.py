@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from frontend_model.block import Block
 from frontend_model.codec import FrameCodec
-from frontend_model.engine import Engine, PrefillCost
+from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, Engine, PrefillCost
 from frontend_model.loading import LoadedModel
 from frontend_model.span_block import SpanBuild, build_prefix
 from server import protocol as p
@@ -99,12 +99,13 @@ class ModelSession:
         span_deadline_s: float,
         cost: PrefillCost | None = None,
         frame_budget_s: float = 0.08,
+        max_span_frames: int = DEFAULT_MAX_SPAN_FRAMES,
     ) -> None:
         """`cost` (calibrated at startup) lets the engine cap a span so its prefill fits `frame_budget_s`."""
         self.model = model
         self.span_deadline_s = span_deadline_s
         self.codec = FrameCodec(model.mimi)
-        self.engine = Engine(model, cost=cost, frame_budget_s=frame_budget_s)
+        self.engine = Engine(model, cost=cost, frame_budget_s=frame_budget_s, max_span_frames=max_span_frames)
 
     def open(self, prefix: Block | None) -> float:
         """Start the streams and prefill the persona; returns the prefill time in seconds."""

@@ -42,6 +42,14 @@ class ServerSettings(BaseSettings):
     max_sessions: int = Field(
         2, ge=1, description="concurrent sessions, stepped as one batch (every row is computed each tick and holds "
         "a KV cache: ~1.9 GB for 7B bf16); fewer if the calibrated tick would not fit the frame budget")
+    admission: Literal["calibrated", "fixed"] = Field(
+        "calibrated", description="calibrated: as many sessions as the measured tick fits in the frame budget, at most "
+        "max_sessions; fixed: exactly max_sessions whatever the measurement says (tests, hosts of known capacity)")
+    max_span_frames: int = Field(
+        640, ge=3, description="longest span in frames (open + text + close); the KV ring is widened by this much")
+    span_cap: Literal["calibrated", "fixed"] = Field(
+        "calibrated", description="calibrated: a span is cut to what its prefill fits in the frame budget by the "
+        "startup measurement; fixed: spans up to max_span_frames whatever it says (tests, slow hosts)")
     max_connections_per_ip: int = Field(8, ge=1, description="open WebSockets per client address (HTTP 429 over)")
     max_message_bytes: int = Field(256 * 1024, ge=1024, description="larger WebSocket messages close with 1009")
     max_messages_per_s: float = Field(

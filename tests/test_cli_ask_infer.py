@@ -52,7 +52,7 @@ def test_infer_writes_a_recording_and_span_events(tmp_path: Path) -> None:
     ret = len(speech) // FRAME_SAMPLES + 10
     out, events = tmp_path / "out.wav", tmp_path / "events.json"
     done = contextspan("infer", str(source), "--out", str(out), "--events", str(events), "--ret-frames", str(ret),
-                       "--realtime", cwd=tmp_path)
+                       "--realtime", "--span-cap", "fixed", "--span-deadline-s", "30", cwd=tmp_path)
     assert "1 span(s) injected" in done.stdout
     frames = len(pcm) // FRAME_SAMPLES
     with wave.open(str(out)) as w:
