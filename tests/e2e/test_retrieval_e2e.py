@@ -30,10 +30,16 @@ def question_audio(tmp: Path, text: str) -> tuple[np.ndarray, int]:
     return np.concatenate([speech, silence(3.0)]), len(speech) // FRAME_SAMPLES + 10
 
 
+def span_outcome(result: StreamResult) -> bool:
+    return any(e.type in ("span.injected", "span.dropped") for e in result.events)
+
+
 def run_session(tmp: Path, pcm: np.ndarray, ret_frame: int, *flags: str) -> StreamResult:
+    """The client stays on the line until the span's fate is known: a slow host's Whisper must not end the test
+    before the answer does."""
     server = start_server(tmp, "--force-ret-frame", str(ret_frame), *flags)
     try:
-        return asyncio.run(stream(chat_url(server.ws, events=True), pcm))
+        return asyncio.run(stream(chat_url(server.ws, events=True), pcm, until=span_outcome))
     finally:
         stop_server(server)
 
