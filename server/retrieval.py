@@ -192,11 +192,12 @@ class Retrieval:
             self._dropped(f"backend error: {type(exc).__name__}: {exc}", triggered, timings)
 
     async def _pick_question(self) -> tuple[str, float]:
-        """A fresh final utterance; else wait briefly for the final; else transcribe the last seconds heard."""
+        """A fresh final utterance; else wait briefly for the final (of an utterance still going on, or ended and
+        still being transcribed); else transcribe the last seconds heard."""
         if self.asr is None:
             return "", 0.0
         fresh = self._fresh_final()
-        if fresh is None and self.asr.in_speech:
+        if fresh is None and self.asr.awaiting_final:
             self.asr.final_event.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.asr.final_event.wait(), self.config.question_wait_s)

@@ -137,3 +137,44 @@ def test_a_slow_asr_drops_the_span_at_the_deadline_not_later(tmp_path: Path) -> 
     assert not answers
     assert len(events) == 1 and isinstance(events[0], p.SpanDropped) and events[0].reason.startswith("late"), events
     assert 0.5 <= elapsed < 1.0, elapsed
+
+
+def test_ret_while_the_final_is_still_being_transcribed_waits_for_it(tmp_path: Path) -> None:
+    """A slow host: the utterance has ended but its final transcript is still being computed when `<ret>` comes.
+    The question is that final, not a second transcription of the last seconds heard."""
+    calls: list[int] = []
+
+    def transcribe(audio: np.ndarray) -> str:
+        import time
+
+        calls.append(len(audio))
+        time.sleep(0.4)
+        return "What is two plus two?"
+
+    pcm = np.concatenate([silence(0.3), speak("What is two plus two?", tmp_path / "q.wav"), silence(1.0)])
+
+    async def run() -> tuple[list[SpanAnswer], list[Any]]:
+        answers: list[SpanAnswer] = []
+        events: list[Any] = []
+        with ThreadPoolExecutor(1) as pool:
+            retrieval: Retrieval
+            asr = StreamingASR(transcribe, pool, lambda t: retrieval.on_transcript(t),
+                               queue_frames=len(pcm) // 1920 + 1)
+            retrieval = Retrieval("s1", "u1", Agent(build_catalogue()), ContextStore(":memory:"), asr,
+                                  answers.append, events.append, lambda: 0.0, RetrievalConfig(question_wait_s=2.0))
+            asr.start()
+            for i in range(0, len(pcm) - 1919, 1920):
+                retrieval.feed(pcm[i : i + 1920])
+            while not asr._final_running:
+                await asyncio.sleep(0.005)
+            assert not asr._segmenter.in_speech and asr.awaiting_final
+            assert retrieval.trigger()
+            while not answers and not any(isinstance(e, p.SpanDropped) for e in events):
+                await asyncio.sleep(0.01)
+            await retrieval.close()
+        return answers, events
+
+    answers, events = asyncio.run(run())
+    assert len(answers) == 1, events
+    assert answers[0].question == "What is two plus two?" and answers[0].text == "2 plus 2 is 4."
+    assert "asr_ms" not in answers[0].timings_ms, "the last seconds were transcribed again instead of waiting"
