@@ -68,8 +68,8 @@ def build_persona_block(model: LoadedModel, persona: str, voice: str | None, max
             known = ", ".join(sorted(model.voice_prompts)) or "none for this model"
             raise PersonaError(f"unknown voice {voice!r} (known: {known})")
         if prompt.codes is None:
-            raise PersonaError(f"voice {voice!r} holds replayed embeddings (PersonaPlex format), which the prefix "
-                               "does not support yet; choose a voice of Mimi codes")
+            raise PersonaError(f"voice {voice!r} holds replayed embeddings (PersonaPlex format): not supported yet; "
+                               "choose a voice of Mimi codes")
         voice_codes = prompt.codes
     block = build_prefix(persona, model.tokenizer, model.span, voice_codes)
     if block is not None and block.frames > max_frames:
