@@ -277,7 +277,6 @@ def test_tiny_checkpoint_profiles_are_cached_and_load_like_real_ones(tmp_path: P
     stamp = (first / loaders.MOSHI_NAME).stat().st_mtime_ns
     assert cached_tiny_checkpoint("personaplex", seed=4, cache_dir=tmp_path) == first
     assert (first / loaders.MOSHI_NAME).stat().st_mtime_ns == stamp
-    assert cached_tiny_checkpoint("personaplex", seed=5, cache_dir=tmp_path) != first
     assert not [p for p in (tmp_path / "tiny-checkpoints").iterdir() if p.name.startswith(".")]
     for profile, layout in (("tiny-personaplex", "personaplex"), ("tiny-contextspan", "contextspan")):
         model = load_model(profile, device="cpu", dtype=torch.float32)
