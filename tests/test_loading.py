@@ -133,6 +133,24 @@ def _copy(pristine: dict[str, Path], layout: str, tmp_path: Path) -> Path:
     return Path(shutil.copytree(pristine[layout], tmp_path / layout))
 
 
+@pytest.mark.usefixtures("offline_hub")
+def test_kyutai_config_with_hf_ref_in_the_local_cache_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants
+
+    path = _write_checkpoint(tmp_path / "ckpt", ".safetensors")
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--kyutai--tiny" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (cache / "models--kyutai--tiny" / "refs").mkdir()
+    (cache / "models--kyutai--tiny" / "refs" / "main").write_text("0" * 40)
+    shutil.move(path / "mimi.safetensors", snapshot / "mimi.safetensors")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(dict(config, mimi_name="hf://kyutai/tiny/mimi.safetensors")))
+    loaded = _load("moshi", path)
+    assert _state_equal(loaded.mimi, load_model("tiny", device="cpu", seed=3).mimi)
+
+
 def _reference_lm(layout: str, seed: int) -> torch.nn.Module:
     lm, _ = random_models(tiny_lm_config(layout), TINY_MIMI_CONFIG, "cpu", torch.float32, seed)  # type: ignore[arg-type]
     return lm
