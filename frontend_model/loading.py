@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Literal
 
 import sentencepiece
 import torch
@@ -27,10 +26,12 @@ from frontend_model.frame import FRAME_SAMPLES as FRAME_SAMPLES
 from frontend_model.frame import SAMPLE_RATE as SAMPLE_RATE
 from frontend_model.placeholders import compute_placeholder_codes
 from frontend_model.profiles import (
+    PROFILE_LAYOUTS,
     PROFILES,
     TINY_CHECKPOINT_PROFILES,
     TINY_LM_CONFIG,
     TINY_MIMI_CONFIG,
+    Layout,
     full_mimi_config,
     moshi_7b_lm_config,
     reduced_width,
@@ -42,8 +43,6 @@ from frontend_model.tiny_tokenizer import padded_tokenizer_path, tiny_tokenizer_
 from frontend_model.voice_prompt import VoicePrompt
 
 logger = logging.getLogger(__name__)
-
-Layout = Literal["kyutai", "personaplex", "contextspan"]
 
 
 @dataclass
@@ -93,7 +92,7 @@ def load_model(
     if reduced:
         raise ModelLoadError(f"reduced width applies to the random profiles tiny and moshi-7b, not {profile!r}")
     if profile in TINY_CHECKPOINT_PROFILES:
-        path = cached_tiny_checkpoint(TINY_CHECKPOINT_PROFILES[profile], seed)  # type: ignore[arg-type]
+        path = cached_tiny_checkpoint(TINY_CHECKPOINT_PROFILES[profile], seed)
         model = _load_checkpoint(profile, str(path), device, dtype, context)
         model.random_weights = True
         model.description = f"{profile}: random weights (seed {seed}) in the {model.layout} layout at {path}"
@@ -152,18 +151,12 @@ def _load_checkpoint(
         overrides = overrides.model_copy(update={"silence_codes": silence, "sine_codes": sine})
     span = _span_config(lm, overrides, str(files.own_config or files.source), dep_q=trained)
     voices = load_voices(files.voices, VoiceShape.of(lm))
-    if _profile_family(profile) != layout:
+    if PROFILE_LAYOUTS[profile] != layout:
         logger.warning("profile %s, but %s holds a %s checkpoint", profile, checkpoint, layout)
     logger.info("loaded a %s checkpoint from %s: depformer %d codebooks (stepping %d), %d voice(s)", layout,
                 checkpoint, trained, lm.dep_q, len(voices))
     return LoadedModel(profile, lm, mimi, tokenizer, span, random_weights=False,
                        description=f"{profile}: {checkpoint} ({layout} layout)", voice_prompts=voices, layout=layout)
-
-
-def _profile_family(profile: str) -> Layout:
-    if profile in TINY_CHECKPOINT_PROFILES:
-        return TINY_CHECKPOINT_PROFILES[profile]  # type: ignore[return-value]
-    return {"personaplex": "personaplex", "contextspan": "contextspan"}.get(profile, "kyutai")  # type: ignore[return-value]
 
 
 def _lm_state(files: CheckpointFiles) -> dict[str, torch.Tensor]:

@@ -9,14 +9,19 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
 from moshi.models import loaders
 
 PROFILES = ("tiny", "tiny-personaplex", "tiny-contextspan", "moshi-7b", "moshi", "personaplex", "contextspan")
 RANDOM_PROFILES = ("tiny", "moshi-7b")
+# The file layouts checkpoints come in (frontend_model/checkpoints/files.py tells them apart).
+Layout = Literal["kyutai", "personaplex", "contextspan"]
 # Random tiny checkpoints and the file layout each is written in.
-TINY_CHECKPOINT_PROFILES = {"tiny-personaplex": "personaplex", "tiny-contextspan": "contextspan"}
+TINY_CHECKPOINT_PROFILES: dict[str, Layout] = {"tiny-personaplex": "personaplex", "tiny-contextspan": "contextspan"}
+# The layout each checkpoint profile expects (a mismatch is logged, not refused).
+PROFILE_LAYOUTS: dict[str, Layout] = {"moshi": "kyutai", "personaplex": "personaplex", "contextspan": "contextspan",
+                                      **TINY_CHECKPOINT_PROFILES}
 
 MOSHI_DELAYS = [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
 

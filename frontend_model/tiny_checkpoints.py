@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import sentencepiece
 import torch
@@ -29,23 +29,22 @@ from safetensors.torch import save_file
 
 from frontend_model.checkpoints.files import CONTEXT_SPANNING_WEIGHTS, OWN_CONFIG
 from frontend_model.placeholders import compute_placeholder_codes
-from frontend_model.profiles import TINY_LM_CONFIG, TINY_MIMI_CONFIG
+from frontend_model.profiles import TINY_LM_CONFIG, TINY_MIMI_CONFIG, Layout
 from frontend_model.random_model import random_models
 from frontend_model.tiny_tokenizer import cache_root, tiny_tokenizer_path
 
-TinyLayout = Literal["kyutai", "personaplex", "contextspan"]
 FORMAT_VERSION = 1  # bump when what is written changes, so that caches are rewritten
 VOICE_FRAMES = 10
 MIMI_CONFIG_NAME = "mimi_config.json"
 
 
-def tiny_lm_config(layout: TinyLayout) -> dict[str, Any]:
+def tiny_lm_config(layout: Layout) -> dict[str, Any]:
     """The `tiny` widths; the PersonaPlex family's 16 depformer codebooks; the tiny tokenizer's vocabulary."""
     vocab = sentencepiece.SentencePieceProcessor(model_file=str(tiny_tokenizer_path())).vocab_size()
     return dict(TINY_LM_CONFIG, dep_q=8 if layout == "kyutai" else 16, text_card=vocab)
 
 
-def cached_tiny_checkpoint(layout: TinyLayout, seed: int = 0, cache_dir: Path | None = None) -> Path:
+def cached_tiny_checkpoint(layout: Layout, seed: int = 0, cache_dir: Path | None = None) -> Path:
     """Written once, atomically (a complete directory is renamed into place), then reused."""
     key = json.dumps([FORMAT_VERSION, layout, seed, tiny_lm_config(layout), TINY_MIMI_CONFIG,
                       tiny_tokenizer_path().name], sort_keys=True)
@@ -67,7 +66,7 @@ def cached_tiny_checkpoint(layout: TinyLayout, seed: int = 0, cache_dir: Path | 
 
 
 def write_tiny_checkpoint(
-    layout: TinyLayout, directory: Path, seed: int = 0, *, compiled_keys: bool = False, lora_rank: int | None = None
+    layout: Layout, directory: Path, seed: int = 0, *, compiled_keys: bool = False, lora_rank: int | None = None
 ) -> Path:
     """`compiled_keys` and `lora_rank` shape the Context Spanning weights as a compiled / LoRA-trained run saves
     them (`_orig_mod.` in the keys; `<name>.base.weight`, `.lora_A`, `.lora_B` and a `lora` entry)."""

@@ -14,8 +14,8 @@ from moshi.models import loaders
 from safetensors.torch import save_file
 
 from frontend_model.checkpoints.files import CONTEXT_SPANNING_WEIGHTS, OWN_CONFIG
-from frontend_model.loading import ModelLoadError, load_model
-from frontend_model.profiles import TINY_LM_CONFIG, TINY_MIMI_CONFIG
+from frontend_model.loading import LoadedModel, ModelLoadError, load_model
+from frontend_model.profiles import TINY_LM_CONFIG, TINY_MIMI_CONFIG, Layout
 from frontend_model.random_model import random_models
 from frontend_model.span_config import PERSONAPLEX_SILENCE_CODES, PERSONAPLEX_SINE_CODES
 from frontend_model.tiny_checkpoints import cached_tiny_checkpoint, tiny_lm_config, write_tiny_checkpoint
@@ -27,7 +27,7 @@ def _state_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-def _load(profile: str, path: Path) -> object:
+def _load(profile: str, path: Path) -> LoadedModel:
     return load_model(profile, str(path), device="cpu", dtype=torch.float32)
 
 
@@ -126,7 +126,8 @@ def test_kyutai_config_with_unfetchable_hf_ref_names_it(tmp_path: Path) -> None:
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One tiny checkpoint per layout, written once; `_copy` gives each test its own to change."""
     root = tmp_path_factory.mktemp("pristine")
-    return {layout: write_tiny_checkpoint(layout, root / layout) for layout in ("personaplex", "contextspan")}
+    layouts: tuple[Layout, ...] = ("personaplex", "contextspan")
+    return {layout: write_tiny_checkpoint(layout, root / layout) for layout in layouts}
 
 
 def _copy(pristine: dict[str, Path], layout: str, tmp_path: Path) -> Path:
@@ -151,8 +152,8 @@ def test_kyutai_config_with_hf_ref_in_the_local_cache_loads(tmp_path: Path, monk
     assert _state_equal(loaded.mimi, load_model("tiny", device="cpu", seed=3).mimi)
 
 
-def _reference_lm(layout: str, seed: int) -> torch.nn.Module:
-    lm, _ = random_models(tiny_lm_config(layout), TINY_MIMI_CONFIG, "cpu", torch.float32, seed)  # type: ignore[arg-type]
+def _reference_lm(layout: Layout, seed: int) -> torch.nn.Module:
+    lm, _ = random_models(tiny_lm_config(layout), TINY_MIMI_CONFIG, "cpu", torch.float32, seed)
     return lm
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
+from frontend_model.profiles import Layout
 from frontend_model.tiny_checkpoints import write_tiny_checkpoint
 from server.client import chat_url, stream
 
@@ -19,8 +20,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("profile", ["personaplex", "contextspan"])
-def test_serves_a_checkpoint_in_its_layout(tmp_path: Path, profile: str) -> None:
-    checkpoint = write_tiny_checkpoint(profile, tmp_path / "checkpoint")  # type: ignore[arg-type]
+def test_serves_a_checkpoint_in_its_layout(tmp_path: Path, profile: Layout) -> None:
+    checkpoint = write_tiny_checkpoint(profile, tmp_path / "checkpoint")
     server = start_server(tmp_path, "--profile", profile, "--checkpoint", str(checkpoint), "--no-asr")
     try:
         pcm = (0.05 * np.random.default_rng(0).standard_normal(2 * SAMPLE_RATE)).astype(np.float32)
