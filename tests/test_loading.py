@@ -302,3 +302,10 @@ def test_tiny_checkpoint_profiles_are_cached_and_load_like_real_ones(tmp_path: P
         assert model.layout == layout and model.random_weights and model.span.dep_q == 16
         assert {model.span.ret_id, model.span.open_id, model.span.close_id} <= model.suppressed_text_ids
         assert sorted(model.voice_prompts) == ["tiny-codes", "tiny-embeddings"]
+
+
+def test_a_corrupt_safetensors_voice_is_named(tmp_path: Path, pristine: dict[str, Path]) -> None:
+    path = _copy(pristine, "personaplex", tmp_path)
+    (path / "voices" / "broken.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(ModelLoadError, match=r"cannot read .*broken.safetensors as safetensors"):
+        _load("personaplex", path)

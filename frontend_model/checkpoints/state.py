@@ -32,14 +32,18 @@ def load_pickle(path: Path) -> Any:
         raise ModelLoadError(f"cannot read {path} as a torch checkpoint: {exc}") from exc
 
 
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises its own SafetensorError for a bad header or a short file
+        raise ModelLoadError(f"cannot read {path} as safetensors: {exc}") from exc
+
+
 def load_state(path: Path) -> dict[str, torch.Tensor]:
     """A state dict from safetensors, or from a `.pt` holding it bare, under `model`, or under Kyutai's
     `fsdp_best_state.model`."""
     if path.suffix in SAFETENSORS_SUFFIXES:
-        try:
-            return load_file(str(path))
-        except Exception as exc:  # safetensors raises its own SafetensorError for a bad header or a short file
-            raise ModelLoadError(f"cannot read {path} as safetensors: {exc}") from exc
+        return load_safetensors(path)
     package = load_pickle(path)
     if isinstance(package, dict) and "fsdp_best_state" in package:
         package = package["fsdp_best_state"]

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import torch
 from moshi.models.lm import LMModel
-from safetensors.torch import load_file
 
 from frontend_model.checkpoints.errors import ModelLoadError
-from frontend_model.checkpoints.state import SAFETENSORS_SUFFIXES, load_pickle
+from frontend_model.checkpoints.state import SAFETENSORS_SUFFIXES, load_pickle, load_safetensors
 from frontend_model.voice_prompt import VoicePrompt
 
 
@@ -39,7 +38,7 @@ def load_voices(paths: tuple[Path, ...], shape: VoiceShape) -> dict[str, VoicePr
 
 
 def load_voice(path: Path, shape: VoiceShape) -> VoicePrompt:
-    data = load_file(str(path)) if path.suffix in SAFETENSORS_SUFFIXES else load_pickle(path)
+    data = load_safetensors(path) if path.suffix in SAFETENSORS_SUFFIXES else load_pickle(path)
     keys = sorted(data) if isinstance(data, dict) else None
     if keys == ["codes"]:
         return VoicePrompt(path.stem, codes=_codes(data["codes"], path, shape))
