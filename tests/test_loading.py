@@ -112,6 +112,14 @@ def test_kyutai_config_with_file_refs_loads(tmp_path: Path) -> None:
     assert _state_equal(loaded.lm, load_model("tiny", device="cpu", seed=3).lm)
 
 
+@pytest.mark.parametrize(("extra", "reason"), [({"model_type": "tts"}, "model_type is 'tts'"),
+                                               ({"lora_name": "lora.safetensors"}, "Kyutai LoRA adapter")])
+def test_kyutai_configs_we_cannot_serve_are_refused(tmp_path: Path, extra: dict, reason: str) -> None:
+    path = _write_checkpoint(tmp_path, ".safetensors", extra)
+    with pytest.raises(ModelLoadError, match=reason):
+        _load("moshi", path)
+
+
 @pytest.mark.usefixtures("offline_hub")
 def test_kyutai_config_with_unfetchable_hf_ref_names_it(tmp_path: Path) -> None:
     path = _write_checkpoint(tmp_path, ".safetensors")

@@ -33,7 +33,16 @@ def trained_dep_q(keys: set[str] | list[str]) -> int | None:
 
 
 def lm_config(raw: dict[str, Any], dep_q: int | None) -> dict[str, Any]:
-    """Moshi 7B overridden by the known keys of `raw`; `dep_q` read from the weights unless the config sets it."""
+    """Moshi 7B overridden by the known keys of `raw`; `dep_q` read from the weights unless the config sets it.
+
+    Refused rather than half-loaded: other Kyutai model types (TTS, STT, Hibiki) and Kyutai LoRA adapters.
+    """
+    if raw.get("model_type", "moshi") != "moshi":
+        raise ModelLoadError(f"config.json model_type is {raw['model_type']!r}: this server serves full-duplex "
+                             "speech models of the Moshi family (model_type 'moshi')")
+    if raw.get("lora_name") or raw.get("lora"):
+        raise ModelLoadError("config.json names a Kyutai LoRA adapter (lora_name / lora), which is not supported: "
+                             "merge it into the weights first")
     config = moshi_7b_lm_config()
     config.update({k: v for k, v in raw.items() if k in LM_KEYS})
     ignored = sorted(set(raw) - LM_KEYS - FILE_KEYS)
