@@ -109,10 +109,10 @@ class Engine:
         cost: PrefillCost | None = None,
         frame_budget_s: float = FRAME_S,
     ) -> None:
-        if model.span.dep_q != model.span.agent_codebooks:
+        if model.lm.dep_q != model.span.agent_codebooks:
             raise NotImplementedError(
-                f"{model.profile}: the depformer predicts {model.span.dep_q} codebooks (PersonaPlex family); stepping "
-                "such checkpoints needs user rows provided inside the depformer, which this engine does not do yet"
+                f"{model.profile}: LMGen would run {model.lm.dep_q} depformer steps; loading limits it to the "
+                f"{model.span.agent_codebooks} agent codebooks (frontend_model.depformer)"
             )
         self.model = model
         self.span = model.span

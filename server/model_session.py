@@ -5,11 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
-import torch
-from safetensors.torch import load_file
 
 from frontend_model.block import Block
 from frontend_model.codec import FrameCodec
@@ -62,28 +59,18 @@ class FrameOutput:
     deferred: SpanRequest | None = None  # a span that did not fit this tick's budget: offer it with the next frame
 
 
-def load_voice_codes(path: Path, agent_codebooks: int) -> torch.Tensor:
-    """A voice prompt file -> [agent codebooks, m] codes (a bare tensor, or the `codes` entry of a dict)."""
-    if path.suffix == ".safetensors":
-        data: object = load_file(str(path))
-    else:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(data, dict):
-        data = data.get("codes")
-    if not isinstance(data, torch.Tensor) or data.dim() != 2 or data.shape[0] != agent_codebooks:
-        raise PersonaError(f"voice prompt {path.name} does not hold [{agent_codebooks}, frames] codes")
-    return data.to(torch.long)
-
-
 def build_persona_block(model: LoadedModel, persona: str, voice: str | None, max_frames: int) -> Block | None:
-    """The prefix prefilled before the handshake: tokenising, and reading the voice prompt file if any."""
+    """The prefix prefilled before the handshake: tokenising, and the voice prompt (read at load) if any."""
     voice_codes = None
     if voice:
-        path = model.voice_prompts.get(voice)
-        if path is None:
+        prompt = model.voice_prompts.get(voice)
+        if prompt is None:
             known = ", ".join(sorted(model.voice_prompts)) or "none for this model"
             raise PersonaError(f"unknown voice {voice!r} (known: {known})")
-        voice_codes = load_voice_codes(path, model.span.agent_codebooks)
+        if prompt.codes is None:
+            raise PersonaError(f"voice {voice!r} holds replayed embeddings (PersonaPlex format): not supported yet; "
+                               "choose a voice of Mimi codes")
+        voice_codes = prompt.codes
     block = build_prefix(persona, model.tokenizer, model.span, voice_codes)
     if block is not None and block.frames > max_frames:
         raise PersonaError(f"persona and voice take {block.frames} frames; at most {max_frames} fit")

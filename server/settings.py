@@ -23,7 +23,11 @@ class ServerSettings(BaseSettings):
     profile: str | None = Field(None, description="model profile; default: moshi with CUDA, tiny without")
     checkpoint: str | None = Field(None, description="HF repo id or local directory for checkpoint profiles")
     device: str | None = Field(None, description="torch device; default cuda if available else cpu")
-    seed: int = Field(0, description="seed of the random weights of the tiny and moshi-7b profiles")
+    seed: int = Field(0, description="seed of the random weights of the tiny, tiny-personaplex, tiny-contextspan "
+                      "and moshi-7b profiles")
+    wait_for_model: bool = Field(
+        False, description="when the model fails to load, stay up (/readyz 503 with the reason, chats refused with "
+        "1013) instead of exiting non-zero")
     torch_threads: int = Field(
         1, ge=1, description="torch CPU threads; 1 keeps small CPU models steady on a busy machine (2 threads "
         "spin against other processes and miss deadlines)",

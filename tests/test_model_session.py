@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
 from server.frame_clock import InputFrame
@@ -62,3 +63,13 @@ def test_persona_errors(model: LoadedModel) -> None:
     with pytest.raises(PersonaError, match="at most 5 fit"):
         build_persona_block(model, "a long persona that takes more than five frames", None, 5)
     assert build_persona_block(model, "", None, 640) is None
+
+
+def test_voice_prompts_by_format() -> None:
+    model = load_model("tiny-contextspan", device="cpu", dtype=torch.float32)
+    codes = model.voice_prompts["tiny-codes"].codes
+    assert codes is not None
+    block = build_persona_block(model, "hi", "tiny-codes", 640)
+    assert block is not None and torch.equal(block.tokens[1 : 1 + model.span.agent_codebooks, : codes.shape[1]], codes)
+    with pytest.raises(PersonaError, match="not supported yet"):
+        build_persona_block(model, "hi", "tiny-embeddings", 640)
