@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ async def stream(
     token: str | None = None,
     page_samples: int = FRAME_SAMPLES,
     start_at: float | None = None,
+    texts: Sequence[tuple[float, str]] = (),
 ) -> StreamResult:
     """Send `pcm` (24 kHz float32) as Ogg Opus, `page_samples` at a time (default one 80 ms frame; a divisor of
     it, at least 960, for shorter pages), paced by an absolute schedule, and collect everything the server sends
@@ -73,6 +75,7 @@ async def stream(
     `pause_reading_s=(start, length)` stops reading for `length` seconds from `start`, as a stalled client.
     `token` is a session token from POST /api/token, sent as an app does: `Authorization: Bearer`.
     `start_at` (a `time.perf_counter()` value) starts sending then instead of right after the handshake.
+    `texts` are (seconds into the audio, JSON text message) pairs, e.g. a `span.inject`, sent at those times.
     """
     if FRAME_SAMPLES % page_samples or page_samples < 960:
         raise ValueError(f"page_samples must divide {FRAME_SAMPLES} and be at least 960 (sphn's Opus page)")
@@ -90,10 +93,13 @@ async def stream(
 
         async def send() -> None:
             start = time.perf_counter() if start_at is None else start_at
+            pending = sorted(texts)
             for i in range(frames * pages_per_frame):
                 await asyncio.sleep(max(0.0, start + i * page_samples / SAMPLE_RATE - time.perf_counter()))
                 ogg = writer.append_pcm(pcm[i * page_samples : (i + 1) * page_samples].astype(np.float32))
                 try:
+                    while pending and pending[0][0] <= i * page_samples / SAMPLE_RATE:
+                        await ws.send(pending.pop(0)[1])
                     await ws.send(p.audio_message(ogg))
                 except websockets.ConnectionClosed:
                     return  # the server ended the session: what it sent, and its close code, are the result
