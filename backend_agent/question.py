@@ -12,7 +12,12 @@ import re
 from dataclasses import dataclass
 
 # A sentence ends at ? or ! and at a full stop before a capital (Whisper capitalises sentences; "a.m. in" stays).
-_SENTENCE_END = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Z\"'])")
+# Whisper often joins sentences with commas ("So I was doing my taxes, what is 200 divided by 4, thanks."): a comma
+# before a question word starts a sentence too.
+_SENTENCE_END = re.compile(
+    r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Z\"'])"
+    r"|,\s+(?=(?i:what|what's|when|where|who|which|why|how|(?:can|could|would|will|do) you)\b)"
+)
 _GREETING = (
     r"(?:hello|hi|hey|hiya|howdy|greetings|yo|good (?:morning|afternoon|evening|day))"
     r"(?: (?:there|again|everyone|everybody|assistant|buddy|friend))?"
@@ -29,8 +34,9 @@ _LEAD_IN = (
     r"|(?:can|could|would|will) you (?:please )?(?:tell me|let me know|check)|(?:please )?tell me"
     r"|do you (?:happen to )?know|(?:do you have )?any idea)"
 )
-_LEADING = re.compile(rf"^(?:(?:{_GREETING}|{_FILLER_WORD})\b[\s,.!:;-]*)+", re.IGNORECASE)
-_LEADING_LEAD_IN = re.compile(rf"^{_LEAD_IN}\b[\s,:;-]*", re.IGNORECASE)
+# A word is stripped only with what separates it from the rest: "Well-being" and "Sofia" stay whole.
+_LEADING = re.compile(rf"^(?:(?:{_GREETING}|{_FILLER_WORD})(?:[\s,.!:;]+|$))+", re.IGNORECASE)
+_LEADING_LEAD_IN = re.compile(rf"^{_LEAD_IN}(?:[\s,:;]+|$)", re.IGNORECASE)
 _TRAILING = re.compile(
     rf"(?:[\s,;-]*\b(?:{_THANKS}|please|(?:if|when) you (?:can|could|know|get a chance)|if you don'?t mind"
     r"|for me))+[\s.!,]*$",

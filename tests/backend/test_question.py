@@ -25,6 +25,12 @@ from backend_agent.question import best_question, candidates, is_question
         ("Sorry, I was wondering, how much is fifteen percent of eighty, if you know.",
          "how much is fifteen percent of eighty"),
         ("What time is it?", "What time is it?"),
+        # Whisper joins sentences with commas as often as with full stops.
+        ("So I was doing my taxes, what is 200 divided by 4, thanks.", "what is 200 divided by 4"),
+        ("Okay, well, how many grams are in two pounds, thank you.", "how many grams are in two pounds"),
+        # Only whole filler words go: these start with one.
+        ("Well-being programmes, when do they start?", "when do they start?"),
+        ("Sofia is lovely. Hiking trails near Sofia?", "Hiking trails near Sofia?"),
     ],
 )  # fmt: skip
 def test_best_question(utterance: str, question: str) -> None:
