@@ -130,7 +130,7 @@ def spoken(with_llama: bool, json_path: Path | None) -> int:
         heard = spoken_questions.transcribe_all(WhisperTranscriber(), Path(tmp))
     results: dict[str, Any] = {"benchmark": "retrieval-spoken", "asr": "faster-whisper tiny.en (bundled), int8",
                                "speech": "espeak-ng en-us", "items": len(spoken_questions.ITEMS),
-                               "machine": machine_info(), "runs": {}}
+                               "machine": machine_info("cpu"), "runs": {}}
     runs = {"router, heard by Whisper": lambda: spoken_questions.score(heard, None, 2.5),
             "router, text as written (no ASR)": lambda: spoken_questions.score(spoken_questions.said(), None, 2.5)}
     llama = None
