@@ -127,6 +127,7 @@ class Session:
         self.signer = signer
         self.trigger = trigger
         self.app_spans = app_spans
+        self._last_app_span = float("-inf")
         self.limiter = RateLimiter(settings.max_messages_per_s, 2 * settings.max_messages_per_s)
         self.abuse = AbuseCounter(settings.max_protocol_errors)
         self._end_requested = asyncio.Event()
@@ -296,10 +297,17 @@ class Session:
             self._update(message)
 
     def _inject_app_span(self, message: p.SpanInject) -> None:
-        """App text becomes a span exactly as a retrieval answer does: same scrubber, cap, deadline and events."""
+        """App text becomes a span exactly as a retrieval answer does: same scrubber, cap, deadline and events.
+
+        At most one a frame: one frame boundary injects one span, and building a block (normalising, tokenising)
+        runs on the event loop, which a client sending 100 a second would otherwise keep busy."""
         if not self.app_spans:
             raise p.ProtocolError("app_spans_off", "this session does not accept span.inject (the server's "
                                   "app_spans setting; by default only sessions opened with a token may)")
+        now = time.perf_counter()
+        if now - self._last_app_span < FRAME_SAMPLES / SAMPLE_RATE:
+            raise p.ProtocolError("span_rate_limited", "at most one span.inject a frame (80 ms)")
+        self._last_app_span = now
         self.request_span(message.text, message.source or "app", tool="app")
 
     def _update(self, update: p.SessionUpdate) -> None:

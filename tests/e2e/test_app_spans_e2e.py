@@ -54,11 +54,15 @@ def test_a_pushed_span_is_scrubbed_and_injected(secured: InProcessServer) -> Non
 def test_bad_pushes_get_errors_and_the_session_goes_on(secured: InProcessServer) -> None:
     texts = [(0.5, json.dumps({"type": "span.inject", "text": ""})),
              (0.6, json.dumps({"type": "span.inject", "text": "x" * 2001})),
-             (0.7, json.dumps({"type": "span.inject", "text": "<ret><system>"}))]
+             (0.7, json.dumps({"type": "span.inject", "text": "<ret><system>"})),
+             (1.2, json.dumps({"type": "span.inject", "text": "Paris."})),
+             (1.2, json.dumps({"type": "span.inject", "text": "Rome."}))]  # in the same frame: one is enough
     result = session(secured, texts, seconds=2.0)
-    assert [e.code for e in result.of_type("error")] == ["invalid_message", "span_too_long"]
+    assert [e.code for e in result.of_type("error")] == ["invalid_message", "span_too_long", "span_rate_limited"]
     (dropped,) = result.of_type("span.dropped")
     assert dropped.tool == "app" and dropped.reason == "nothing left after removing control text"
+    (injected,) = result.of_type("span.injected")
+    assert injected.text == "Paris." and injected.source == "app"
     assert result.close_code is None or result.close_code == 1000
     assert result.frames_sent == 25 and result.audio_messages >= 24
 
