@@ -66,4 +66,4 @@ def test_is_question(utterance: str, asking: bool) -> None:
 def test_the_llm_gets_the_bare_question_next_to_what_was_heard() -> None:
     assert user_message("What time is it in Tokyo?") == "What time is it in Tokyo?"
     assert user_message(" Hi. What time is it in Tokyo? Thanks. ") == (
-        "Heard: Hi. What time is it in Tokyo? Thanks.\nQuestion: What time is it in Tokyo?")
+        "Heard (speech recognition): Hi. What time is it in Tokyo? Thanks.\nThe question: What time is it in Tokyo?")
