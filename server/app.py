@@ -31,6 +31,7 @@ from server.recording import recording_path
 from server.session import Session, SessionEnd, SessionOptions
 from server.settings import ServerSettings
 from server.tick_scheduler import TICK_SHARE, admission_log, admit
+from server.trigger import ResolvedTrigger, resolve_trigger
 from server.worker import ModelWorker, WorkerRestarted
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class ServerState:
     worker: ModelWorker | None = None
     load_error: str | None = None
     backend: Backend | None = None
+    trigger: ResolvedTrigger | None = None  # resolved for the loaded checkpoint (server/trigger.py)
     sessions: dict[str, Session] = field(default_factory=dict)
     tokens: auth.TokenIssuer = field(init=False)
     signer: auth.RecordingSigner = field(default_factory=auth.RecordingSigner)
@@ -110,6 +112,7 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
         state.batcher = await start_batcher(state, model, worker, cost)
         state.backend = await asyncio.to_thread(Backend.create, settings)
         await asyncio.to_thread(state.backend.warm_up)
+        trigger = resolve_trigger(settings.trigger, model.profile, settings.force_ret_frame is not None)
     except ModelLoadError as exc:
         state.load_error = str(exc)
         logger.error("model not loaded: %s", exc)
@@ -123,7 +126,10 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
     batcher = state.batcher
     logger.info("serving %s on %s: %s", model.description, model.device,
                 admission_log(state.settings.admission, batcher.capacity, cost.tick, state.settings.deadline_ms / 1e3))
-    state.model, state.worker = model, worker
+    logger.info("retrieval trigger: %s (%s)", trigger.trigger, trigger.why)
+    if trigger.trigger == "asr" and state.backend.asr_process is None:
+        logger.warning("retrieval trigger asr needs speech recognition, which is off: no retrieval will start")
+    state.model, state.worker, state.trigger = model, worker, trigger
     return load
 
 
@@ -317,7 +323,9 @@ def _info(state: ServerState) -> dict[str, object]:
         "asr_error": state.backend.asr_error if state.backend else None,
         "llm": bool(state.backend and state.backend.llm),
         "mcp_error": state.backend.mcp_error if state.backend else None,
-        "trigger": state.settings.trigger,
+        "trigger": state.trigger.trigger if state.trigger else state.settings.trigger,
+        "trigger_why": state.trigger.why if state.trigger else None,
+        "app_spans": state.settings.app_spans,
         "auth": bool(state.settings.api_keys),
         "draining": state.draining,
     }
@@ -349,8 +357,11 @@ async def serve_session(ws: WebSocket, state: ServerState) -> None:
     session: Session | None = None
     code, reason = p.CLOSE_NORMAL, ""
     try:
+        # With API keys set, every session got here with a token: it is authenticated.
         session = Session(ws, settings, state.model, batcher, slot, metrics, options, state.backend,
-                          ws.query_params.get("user"), state.signer if settings.api_keys else None)
+                          ws.query_params.get("user"), state.signer if settings.api_keys else None,
+                          state.trigger.trigger if state.trigger else "ret",
+                          auth.app_spans_allowed(settings.app_spans, authenticated=bool(settings.api_keys)))
         session_id_var.set(session.id)
         state.sessions[session.id] = session
         metrics.sessions.labels("accepted").inc()

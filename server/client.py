@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,7 @@ async def stream(
     start_at: float | None = None,
     until: Callable[[StreamResult], bool] | None = None,
     until_timeout_s: float = 30.0,
+    texts: Sequence[tuple[float, str]] = (),
 ) -> StreamResult:
     """Send `pcm` (24 kHz float32) as Ogg Opus, `page_samples` at a time (default one 80 ms frame; a divisor of
     it, at least 960, for shorter pages), paced by an absolute schedule, and collect everything the server sends
@@ -79,6 +80,7 @@ async def stream(
     `start_at` (a `time.perf_counter()` value) starts sending then instead of right after the handshake.
     `until`: after `pcm`, keep the session going with silence until `until(result)` holds (at most
     `until_timeout_s`), e.g. until an answer the client waits for has come, however long this host takes.
+    `texts` are (seconds into the audio, JSON text message) pairs, e.g. a `span.inject`, sent at those times.
     """
     if FRAME_SAMPLES % page_samples or page_samples < 960:
         raise ValueError(f"page_samples must divide {FRAME_SAMPLES} and be at least 960 (sphn's Opus page)")
@@ -97,6 +99,7 @@ async def stream(
         async def send() -> None:
             start = time.perf_counter() if start_at is None else start_at
             silence = np.zeros(page_samples, np.float32)
+            pending = sorted(texts)
             give_up = math.inf
             i = 0
             while True:
@@ -109,6 +112,8 @@ async def stream(
                     return
                 await asyncio.sleep(max(0.0, start + i * page_samples / SAMPLE_RATE - time.perf_counter()))
                 try:
+                    while pending and pending[0][0] <= i * page_samples / SAMPLE_RATE:
+                        await ws.send(pending.pop(0)[1])
                     await ws.send(p.audio_message(writer.append_pcm(page)))
                 except websockets.ConnectionClosed:
                     return  # the server ended the session: what it sent, and its close code, are the result

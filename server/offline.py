@@ -29,6 +29,7 @@ from server.model_session import ModelSession, SpanOutcome, SpanRequest, span_ev
 from server.recording import StereoWavWriter
 from server.retrieval import SpanAnswer
 from server.settings import ServerSettings
+from server.trigger import resolve_trigger
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +76,9 @@ class OfflineSession:
 
     async def run(self, pcm: np.ndarray, out_wav: Path | None = None) -> OfflineResult:
         wav = StereoWavWriter(out_wav) if out_wav else None
+        trigger = resolve_trigger(self.settings.trigger, self.model.profile, forced_ret=bool(self.ret_frames))
         retrieval = self.backend.retrieval_for("offline", "offline", self._on_answer, self.emit,
-                                               lambda: self.assembler.stream_time, lambda exc: None)
+                                               lambda: self.assembler.stream_time, lambda exc: None, trigger.trigger)
         loop = asyncio.get_running_loop()
         self.model_session.open(None)
         start = time.perf_counter()

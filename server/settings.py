@@ -87,8 +87,12 @@ class ServerSettings(BaseSettings):
     llm_model: str = Field("default", description="model name sent to the LLM server")
     llm_api_key: str | None = Field(None, description="bearer token for the LLM server")
     llm_tool_choice: str = Field("auto", description="auto, required, none, or a tool name to force")
-    trigger: Literal["ret", "asr"] = Field(
-        "ret", description="retrieve on the model's <ret> token, or (experimental) on a final user question")
+    trigger: Literal["auto", "ret", "asr"] = Field(
+        "auto", description="what starts a retrieval: the model's <ret> token (ret), a question in the user's final "
+        "transcript (asr), or by checkpoint (auto: ret for contextspan profiles, asr for the others)")
+    app_spans: Literal["auto", "on", "off"] = Field(
+        "auto", description="accept `span.inject` text from clients as spans; auto: only in authenticated sessions "
+        "(api_keys set)")
     question_wait_s: float = Field(1.0, ge=0, description="how long <ret> waits for the user's final utterance")
     recent_audio_s: float = Field(10.0, gt=0, description="audio transcribed when no utterance is final")
     context_store: str = Field(":memory:", description="SQLite file for profiles and turns; a path keeps them")

@@ -106,6 +106,26 @@ def test_agent_pieces_become_one_turn_before_the_users_next_utterance() -> None:
                                                              ("agent", "Bye")]
 
 
+@pytest.mark.parametrize(("trigger", "utterance", "starts"), [
+    ("asr", "Hello there, what time is it in Tokyo right now? Thank you.", True),
+    ("asr", "Okay, thanks! That's all, goodbye.", False),
+    ("asr", "I like trains.", False),
+    ("ret", "What time is it in Tokyo?", False),  # only the model's <ret> starts one
+])
+def test_asr_trigger_starts_on_a_question_inside_the_utterance(trigger: str, utterance: str, starts: bool) -> None:
+    from backend_agent.asr.streaming import Transcript
+
+    async def run() -> bool:
+        retrieval = Retrieval("s1", "u1", Agent(build_catalogue()), ContextStore(":memory:"), None, lambda a: None,
+                              lambda e: None, lambda: 0.0, RetrievalConfig(trigger=trigger))  # type: ignore[arg-type]
+        retrieval.on_transcript(Transcript(utterance, True, 0.0, 2.0, 0.0))
+        started = retrieval.in_flight
+        await retrieval.close()
+        return started
+
+    assert asyncio.run(run()) is starts
+
+
 class SlowTranscriber:
     """Whisper on a starved machine: every transcription takes longer than the span deadline."""
 
