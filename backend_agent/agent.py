@@ -15,9 +15,11 @@ from opentelemetry.trace import StatusCode
 
 from backend_agent.answer import Answer
 from backend_agent.llm_client import ChatClient, LLMError
+from backend_agent.question import best_question
 from backend_agent.router import Router
 from backend_agent.tools.base import Tool, ToolError
 
+# Kept short and unchanged for bare questions: SmolLM2-135M filled tool arguments with prompt text when it grew.
 SYSTEM_PROMPT = (
     "You find facts for a voice assistant that is talking with a user. Call a tool when one can answer. "
     "Otherwise reply with one short sentence of reference text that answers the question, or NO_ANSWER if you "
@@ -26,6 +28,15 @@ SYSTEM_PROMPT = (
 MAX_ANSWER_CHARS = 400
 # No-op unless the process runs with an OpenTelemetry SDK (e.g. under `opentelemetry-instrument`).
 tracer = trace.get_tracer("contextspan.backend_agent")
+
+
+def user_message(utterance: str) -> str:
+    """The utterance as speech recognition heard it and, when greetings, fillers, thanks or other sentences
+    surround it, the question found in it: a small model answers the bare question far more often."""
+    question = best_question(utterance)
+    if question == utterance.strip():
+        return question
+    return f"Heard (speech recognition): {utterance.strip()}\nThe question: {question}"
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,7 @@ class Agent:
         system = SYSTEM_PROMPT
         if context:
             system += "\n\nContext (JSON string, data only): " + json.dumps(context)
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user_message(question)}]
         schemas = [tool.openai_schema() for tool in self.tools.values()]
         started = time.perf_counter()
         with tracer.start_as_current_span("llm", attributes={"model": self.llm.config.model}) as span:

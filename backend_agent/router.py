@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend_agent.answer import Answer
+from backend_agent.question import candidates
 from backend_agent.tools.base import Tool, ToolError
 from backend_agent.tools.numbers import replace_number_words
 from backend_agent.tools.unit_conversion import find_unit
@@ -104,13 +105,22 @@ def _arithmetic_call(text: str) -> ToolCall | None:
     return ToolCall("arithmetic", {"expression": re.sub(r"\s+(?:equals?|make)$", "", expression)})
 
 
-def plan(question: str) -> list[ToolCall]:
-    """The tool calls worth trying for `question`, most specific first; the knowledge base comes last."""
-    text = replace_number_words(normalise(question))
-    calls = [
-        call for parse in (_time_call, _date_call, _units_call, _arithmetic_call) if (call := parse(text))
-    ]
-    return [*calls, ToolCall("knowledge_base", {"query": question})]
+def _specific_calls(sentence: str) -> list[ToolCall]:
+    text = replace_number_words(normalise(sentence))
+    return [call for parse in (_time_call, _date_call, _units_call, _arithmetic_call) if (call := parse(text))]
+
+
+def plan(utterance: str) -> list[ToolCall]:
+    """The tool calls worth trying for an utterance as ASR delivers it, most specific first.
+
+    The question is found inside greetings, fillers and thanks (`question.candidates`); the specific tools are
+    tried on every sentence, asking ones first; the knowledge base, which matches any shared word, comes last
+    and only with the sentences that ask (all of them when none does), so that "Thank you." finds nothing.
+    """
+    found = candidates(utterance)
+    calls = [call for candidate in found for call in _specific_calls(candidate.text)]
+    asking = [c for c in found if c.asking] or found
+    return [*calls, *(ToolCall("knowledge_base", {"query": c.text}) for c in asking)]
 
 
 class Router:

@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="tiny", choices=PROFILES)
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument("--device", default=None)
+    parser.add_argument("--reduced", action="store_true",
+                        help="random profiles at tiny widths, with their real vocabulary, codebooks, delays (CPU CI)")
+    parser.add_argument("--context", type=int, default=None, help="override the LM context, in frames")
     parser.add_argument("--sessions", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16])
     parser.add_argument("--span-frames", type=int, default=64, help="frames of the span injected per tick")
     parser.add_argument("--ticks", type=int, default=100, help="ticks measured per batch size, over all rounds")
@@ -68,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.torch_threads)
-    model = load_model(args.profile, args.checkpoint, device=args.device)
+    model = load_model(args.profile, args.checkpoint, device=args.device, context=args.context, reduced=args.reduced)
     per_round = max(1, args.ticks // args.rounds)
     samples: dict[tuple[int, int], list[float]] = {}
     for done in range(args.rounds):

@@ -84,7 +84,9 @@ async def two_clients(ws: str, pcm: np.ndarray) -> list[StreamResult]:
 def run_scenario(scenario: Scenario, workdir: Path, pcm: np.ndarray, ret_frame: int) -> dict[str, Any]:
     from tests.backend.fake_openai import fake_openai
 
-    flags = ["--profile", "tiny", "--max-sessions", "2", "--force-ret-frame", str(ret_frame),
+    # Both sessions and their spans whatever this host's calibration says: the faults are what is measured.
+    flags = ["--profile", "tiny", "--max-sessions", "2", "--admission", "fixed", "--span-cap", "fixed",
+             "--force-ret-frame", str(ret_frame),
              "--recordings-dir", str(workdir / "recordings"), "--log-level", "warning"]
     module = "tests.e2e.faulty_server" if scenario.faults else "server.cli"
     with fake_openai() as (llm_url, script):

@@ -4,6 +4,9 @@ A WAV of spoken questions (espeak-ng) streams through the tiny engine at the 80 
 `<ret>` fires 1.2 s after each question. Parts: question pick (a fresh final, or waiting for it), ASR (when the
 recent audio had to be transcribed), LLM, tool, normalise + tokenise (build), the wait for the next frame boundary,
 and the prefill. Run with the built-in router and, with `--llama`, with a local llama.cpp server (SmolLM2).
+
+`--spoken` runs the spoken set instead (benchmarks/spoken_questions.py): accuracy per tool of espeak-ng -> Whisper
+-> agent on questions bare and wrapped in greetings, fillers and thanks, as ASR delivers them.
 """
 
 from __future__ import annotations
@@ -118,12 +121,44 @@ def print_table(name: str, rows: list[dict[str, float]], summary: dict[str, dict
         print(f"{part:<15} | {v['p50']:9.2f} | {v['p95']:9.2f}")
 
 
+def spoken(with_llama: bool, json_path: Path | None) -> int:
+    from backend_agent.asr.transcriber import WhisperTranscriber
+    from backend_agent.llm_client import ChatClient, LLMConfig
+    from benchmarks import spoken_questions
+
+    with tempfile.TemporaryDirectory() as tmp:
+        heard = spoken_questions.transcribe_all(WhisperTranscriber(), Path(tmp))
+    results: dict[str, Any] = {"benchmark": "retrieval-spoken", "asr": "faster-whisper tiny.en (bundled), int8",
+                               "speech": "espeak-ng en-us", "items": len(spoken_questions.ITEMS),
+                               "machine": machine_info("cpu"), "runs": {}}
+    runs = {"router, heard by Whisper": lambda: spoken_questions.score(heard, None, 2.5),
+            "router, text as written (no ASR)": lambda: spoken_questions.score(spoken_questions.said(), None, 2.5)}
+    llama = None
+    if with_llama:
+        llama, url = start_llama()
+        # Accuracy, not latency: the LLM gets 20 s a question here (spans keep their 2.5 s deadline).
+        runs["llama.cpp smollm2 (tool_choice auto), heard by Whisper"] = lambda: spoken_questions.score(
+            heard, ChatClient(LLMConfig(base_url=url, model="smollm2")), 20.0)
+    try:
+        for name, run in runs.items():
+            results["runs"][name] = run()
+            spoken_questions.print_accuracy(name, results["runs"][name])
+    finally:
+        if llama is not None:
+            llama.terminate()
+    save_json(json_path, results)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="contextspan bench retrieval", description=__doc__)
     parser.add_argument("--questions", type=int, default=10)
     parser.add_argument("--llama", action="store_true", help="also run against a local llama.cpp server (SmolLM2)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--spoken", action="store_true", help="accuracy per tool on the spoken set, not latency")
     args = parser.parse_args(argv)
+    if args.spoken:
+        return spoken(args.llama, args.json)
     with tempfile.TemporaryDirectory() as tmp:
         pcm, rets = speech(args.questions, Path(tmp))
     results: dict[str, Any] = {"benchmark": "retrieval", "questions": args.questions,

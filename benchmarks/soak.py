@@ -302,7 +302,8 @@ def main(argv: list[str]) -> int:
         ret_frame = ret_frame if args.force_ret_frame is None else args.force_ret_frame
         recordings = workdir / "recordings"
         process, url = start_server(
-            workdir, "--profile", PROFILE, "--max-sessions", str(args.sessions), "--recordings-dir", str(recordings),
+            workdir, "--profile", PROFILE, "--max-sessions", str(args.sessions), "--admission", "fixed",
+            "--span-cap", "fixed", "--recordings-dir", str(recordings),
             "--log-level", "warning", "--force-ret-frame", str(ret_frame), "--asr" if args.asr else "--no-asr")
         soak = Soak(args.minutes)
         interrupted = False

@@ -113,7 +113,7 @@ def measure_frame(model: LoadedModel, repeats: int) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    model = load_model(args.profile, args.checkpoint, device=args.device)
+    model = load_model(args.profile, args.checkpoint, device=args.device, context=args.context, reduced=args.reduced)
     frames = sorted(set(args.frames))
     max_span = max(max(frames), 1)
     rows = []
@@ -152,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="tiny", choices=PROFILES)
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument("--device", default=None)
+    parser.add_argument("--reduced", action="store_true",
+                        help="random profiles at tiny widths, with their real vocabulary, codebooks, delays (CPU CI)")
+    parser.add_argument("--context", type=int, default=None, help="override the LM context, in frames")
     parser.add_argument("--frames", type=lambda s: [int(x) for x in s.split(",")], default=[0, 16, 64, 256, 600])
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--stepwise-repeats", type=int, default=3)

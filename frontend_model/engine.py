@@ -30,10 +30,11 @@ from frontend_model.columns import delayed_columns, embed_columns, forward_embed
 from frontend_model.kv_ring import widen_kv_rings
 from frontend_model.loading import LoadedModel
 from frontend_model.row_view import rows
-from frontend_model.span_block import SpanBuild, build_span, forbidden_ids
+from frontend_model.span_block import MIN_SPAN_FRAMES, SpanBuild, build_span, forbidden_ids
 
 DEFAULT_MAX_SPAN_FRAMES = 640
 FRAME_S = 0.080
+NO_FRAME_BUDGET = "no_frame_budget"
 
 
 class EngineStateError(RuntimeError):
@@ -90,11 +91,18 @@ class PrefillCost:
     def max_frames(self, budget_s: float, ceiling: int) -> int:
         """Largest n whose prefill and next step fit the budget (0 if even a one-frame span does not)."""
         best = 0
-        for n in range(3, ceiling + 1):
+        for n in range(MIN_SPAN_FRAMES, ceiling + 1):
             if self.predict(n) > budget_s:
                 break
             best = n
         return best
+
+
+def no_span_budget_warning(cost: PrefillCost, budget_s: float) -> str:
+    """Why a span cap is 0, for the startup log: every span will be dropped with reason `no_frame_budget`."""
+    return (f"no span fits the frame: a {MIN_SPAN_FRAMES}-frame span and the next step were measured at "
+            f"{cost.predict(MIN_SPAN_FRAMES) * 1e3:.1f} ms, over the {budget_s * 1e3:.1f} ms left of the frame budget; "
+            f"every span will be dropped ({NO_FRAME_BUDGET}). Use a faster device, fewer sessions, or --span-cap fixed")
 
 
 class Engine:
@@ -176,8 +184,11 @@ class Engine:
     def prepare_span(self, text: str) -> SpanBuild:
         """Backend text -> block within the frame cap (cut at a word boundary, reported in the result).
 
-        Pure CPU work on the caller's thread; only `inject` must run where the model steps.
+        Pure CPU work on the caller's thread; only `inject` must run where the model steps. A cap too small for any
+        span (a slow host: see `no_span_budget_warning`) yields no block, with the reason.
         """
+        if self.span_frame_cap < MIN_SPAN_FRAMES:
+            return SpanBuild(None, text, (), reason=NO_FRAME_BUDGET)
         return build_span(text, self.model.tokenizer, self.span, self.span_frame_cap, self._forbidden)
 
     # per frame -----------------------------------------------------------------------------------------

@@ -1,41 +1,54 @@
-"""Load a speech model, its codec, its tokenizer and its span configuration, by profile."""
+"""Load a speech model, its codec, its tokenizer, its voices and its span configuration, by profile.
+
+Checkpoint profiles read the files through `frontend_model.checkpoints`, whatever layout they come in; the random
+tiny checkpoints (`tiny-personaplex`, `tiny-contextspan`) go through the same path from the cache directory.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import pickle
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import sentencepiece
 import torch
 from moshi.models import loaders
 from moshi.models.compression import MimiModel
 from moshi.models.lm import LMModel
-from safetensors.torch import load_file
 
+from frontend_model.checkpoints.errors import ModelLoadError
+from frontend_model.checkpoints.files import CheckpointFiles, resolve_checkpoint
+from frontend_model.checkpoints.lm_config import check_tokenizer, check_weights, lm_config, trained_dep_q
+from frontend_model.checkpoints.own_config import SpanOverrides, read_overrides
+from frontend_model.checkpoints.state import context_spanning_state, load_state, read_keys, stored_keys
+from frontend_model.checkpoints.voices import VoiceShape, load_voices
+from frontend_model.depformer import run_depformer_for_agent_only
+from frontend_model.frame import FRAME_SAMPLES as FRAME_SAMPLES
+from frontend_model.frame import SAMPLE_RATE as SAMPLE_RATE
+from frontend_model.placeholders import compute_placeholder_codes
 from frontend_model.profiles import (
+    PROFILE_LAYOUTS,
     PROFILES,
+    TINY_CHECKPOINT_PROFILES,
     TINY_LM_CONFIG,
     TINY_MIMI_CONFIG,
+    Layout,
     full_mimi_config,
     moshi_7b_lm_config,
+    reduced_width,
 )
-from frontend_model.span_config import PERSONAPLEX_SILENCE_CODES, PERSONAPLEX_SINE_CODES, SpanConfig
-from frontend_model.tiny_tokenizer import tiny_tokenizer_path
+from frontend_model.random_model import random_models
+from frontend_model.span_config import (
+    CONTEXT_SPANNING_PREFIX_SILENCE_FRAMES,
+    PERSONAPLEX_SILENCE_CODES,
+    PERSONAPLEX_SINE_CODES,
+    PREFIX_SILENCE_FRAMES,
+    SpanConfig,
+)
+from frontend_model.tiny_checkpoints import cached_tiny_checkpoint
+from frontend_model.tiny_tokenizer import padded_tokenizer_path, tiny_tokenizer_path
+from frontend_model.voice_prompt import VoicePrompt
 
 logger = logging.getLogger(__name__)
-
-FRAME_SAMPLES = 1920
-SAMPLE_RATE = 24000
-DEFAULT_SPAN_IDS = {"ret_id": 4, "open_id": 12, "close_id": 13}
-
-
-class ModelLoadError(RuntimeError):
-    """Raised with a message naming exactly what is missing and how to provide it."""
 
 
 @dataclass
@@ -47,9 +60,10 @@ class LoadedModel:
     span: SpanConfig
     random_weights: bool
     description: str
-    voice_prompts: dict[str, Path] = field(default_factory=dict)
+    voice_prompts: dict[str, VoicePrompt] = field(default_factory=dict)
     # Random weights would sample `<ret>` and the span markers by chance; such a model must never do that.
     suppressed_text_ids: frozenset[int] = frozenset()
+    layout: Layout | None = None  # the file layout the weights were read in; None for in-memory random weights
 
     @property
     def device(self) -> torch.device:
@@ -67,15 +81,29 @@ def load_model(
     dtype: torch.dtype | None = None,
     context: int | None = None,
     seed: int = 0,
+    reduced: bool = False,
 ) -> LoadedModel:
-    """`context` overrides the LM's attention context (in frames); tests use a small one to wrap rings early."""
+    """`context` overrides the LM's attention context (in frames); tests use a small one to wrap rings early.
+
+    `reduced` (random profiles only) builds the profile's architecture at the tiny widths, keeping its vocabulary,
+    codebooks, dep_q and delays, so that a CPU test can step `moshi-7b`.
+    """
     if profile not in PROFILES:
         raise ModelLoadError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
     device = device or default_device()
     if dtype is None:
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     if profile in ("tiny", "moshi-7b"):
-        return _load_random(profile, device, dtype, context, seed)
+        return _load_random(profile, device, dtype, context, seed, reduced)
+    if reduced:
+        raise ModelLoadError(f"reduced width applies to the random profiles tiny and moshi-7b, not {profile!r}")
+    if profile in TINY_CHECKPOINT_PROFILES:
+        path = cached_tiny_checkpoint(TINY_CHECKPOINT_PROFILES[profile], seed)
+        model = _load_checkpoint(profile, str(path), device, dtype, context)
+        model.random_weights = True
+        model.description = f"{profile}: random weights (seed {seed}) in the {model.layout} layout at {path}"
+        model.suppressed_text_ids = frozenset({model.span.ret_id, model.span.open_id, model.span.close_id})
+        return model
     if not checkpoint:
         raise ModelLoadError(
             f"profile {profile!r} needs --checkpoint: a Hugging Face repo id (e.g. kyutai/moshiko-pytorch-bf16) "
@@ -84,203 +112,105 @@ def load_model(
     return _load_checkpoint(profile, checkpoint, device, dtype, context)
 
 
-def _load_random(profile: str, device: str, dtype: torch.dtype, context: int | None, seed: int) -> LoadedModel:
-    tokenizer_path = tiny_tokenizer_path()
-    tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(tokenizer_path))
+def _load_random(
+    profile: str, device: str, dtype: torch.dtype, context: int | None, seed: int, reduced: bool
+) -> LoadedModel:
     if profile == "tiny":
+        tokenizer_path = tiny_tokenizer_path()
+        tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(tokenizer_path))
         lm_config = dict(TINY_LM_CONFIG, text_card=tokenizer.vocab_size())
         mimi_config = TINY_MIMI_CONFIG
     else:
-        lm_config = moshi_7b_lm_config()
-        mimi_config = full_mimi_config()
+        lm_config = reduced_width(moshi_7b_lm_config()) if reduced else moshi_7b_lm_config()
+        mimi_config = TINY_MIMI_CONFIG if reduced else full_mimi_config()
+        tokenizer_path = padded_tokenizer_path(lm_config["text_card"])
+        tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(tokenizer_path))
+    check_tokenizer(lm_config, tokenizer.vocab_size(), str(tokenizer_path))
     if context is not None:
         lm_config["context"] = context
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        mimi = loaders.get_mimi(None, mimi_config, device=device, num_codebooks=lm_config["n_q"] // 2)
-        _randomise_codebooks(mimi)
-        lm = loaders.get_moshi_lm(None, lm_kwargs=lm_config, device=device, dtype=dtype)
-    finally:
-        torch.random.set_rng_state(generator_state)
-    span = _span_config(lm, mimi, DEFAULT_SPAN_IDS, computed_placeholders=True)
-    description = f"{profile}: random weights (seed {seed}), the audio is noise"
+    lm, mimi = random_models(lm_config, mimi_config, device, dtype, seed)
+    silence, sine = compute_placeholder_codes(mimi)
+    span = _span_config(lm, SpanOverrides(silence_codes=silence, sine_codes=sine), "random weights")
+    width = " at reduced width" if reduced else ""
+    description = f"{profile}: random weights (seed {seed}){width}, the audio is noise"
     return LoadedModel(profile, lm, mimi, tokenizer, span, random_weights=True, description=description,
                        suppressed_text_ids=frozenset({span.ret_id, span.open_id, span.close_id}))
-
-
-def _randomise_codebooks(mimi: MimiModel) -> None:
-    """Untrained codebooks are all zeros, which would map every frame to code 0 and hide codec bugs.
-
-    Each residual stage gets random codewords at the scale of the residual it quantises, measured on a fixed
-    probe signal, so that different sounds get different codes as with a trained codec.
-    """
-    t = torch.arange(FRAME_SAMPLES * 8, dtype=torch.float32) / SAMPLE_RATE
-    probe = torch.stack([0.3 * torch.randn_like(t), 0.5 * torch.sin(2 * math.pi * 440 * t), torch.zeros_like(t)])
-    device = next(mimi.parameters()).device
-    with torch.no_grad():
-        latent = mimi._encode_to_unquantized_latent(probe[:, None].to(device))
-        for rvq in (mimi.quantizer.rvq_first, mimi.quantizer.rvq_rest):
-            residual = rvq.input_proj(latent)
-            for layer in rvq.vq.layers:
-                codebook = layer._codebook
-                x = layer.project_in(residual.transpose(1, 2))
-                scale = x.std().clamp(min=1e-6)
-                codebook.embedding_sum.copy_(torch.randn_like(codebook.embedding_sum) * scale)
-                codebook.cluster_usage.fill_(1.0)
-                codebook._initialized.fill_(1.0)
-                codebook._cached_initialized = False
-                codebook.register_buffer("_embedding", None, persistent=False)
-                residual = residual - layer.decode(layer.encode(residual))
 
 
 def _load_checkpoint(
     profile: str, checkpoint: str, device: str, dtype: torch.dtype, context: int | None
 ) -> LoadedModel:
-    files = _resolve_files(profile, checkpoint)
-    raw_config = json.loads(files["config"].read_text()) if files.get("config") else {}
-    lm_config = _lm_config(profile, raw_config)
+    files = resolve_checkpoint(checkpoint)
+    state = _lm_state(files)
+    config = lm_config(files.config, trained_dep_q(list(state)))
+    layout: Layout = "contextspan" if files.overlay else "personaplex" if config["dep_q"] == config["n_q"] else "kyutai"
     if context is not None:
-        lm_config["context"] = context
-    span_ids = dict(DEFAULT_SPAN_IDS, **raw_config.get("context_span", {}))
-    num_codebooks = max(lm_config["dep_q"], lm_config["n_q"] - lm_config["dep_q"])
-    mimi_config = json.loads(files["mimi_config"].read_text()) if files.get("mimi_config") else None
-    mimi = _load_mimi(files["mimi"], mimi_config, device, num_codebooks)
-    lm = _load_lm(files["lm"], lm_config, device, dtype)
-    tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(files["tokenizer"]))
-    span = _span_config(lm, mimi, span_ids, computed_placeholders=profile == "moshi")
-    voices = {p.stem: p for p in sorted(files["lm"].parent.glob("voices/*")) if p.suffix in (".pt", ".safetensors")}
-    return LoadedModel(
-        profile, lm, mimi, tokenizer, span, random_weights=False,
-        description=f"{profile}: {checkpoint}", voice_prompts=voices,
-    )
+        config["context"] = context
+    lm = _assign_lm(state, config, files, device, dtype)
+    tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(files.tokenizer))
+    check_tokenizer(config, tokenizer.vocab_size(), str(files.tokenizer))
+    trained = run_depformer_for_agent_only(lm) if lm.dep_q > lm.n_q // 2 else lm.dep_q
+    mimi = _load_mimi(files, device, lm.n_q // 2)
+    overrides = read_overrides(files.own_config)
+    if overrides.silence_codes is None and layout == "kyutai":
+        silence, sine = compute_placeholder_codes(mimi)
+        overrides = overrides.model_copy(update={"silence_codes": silence, "sine_codes": sine})
+    span = _span_config(lm, overrides, str(files.own_config or files.source), dep_q=trained,
+                        prefix_silence_frames=PREFIX_SILENCE_FRAMES[layout])
+    voices = load_voices(files.voices, VoiceShape.of(lm))
+    if PROFILE_LAYOUTS[profile] != layout:
+        logger.warning("profile %s, but %s holds a %s checkpoint", profile, checkpoint, layout)
+    logger.info("loaded a %s checkpoint from %s: depformer %d codebooks (stepping %d), %d voice(s)", layout,
+                checkpoint, trained, lm.dep_q, len(voices))
+    return LoadedModel(profile, lm, mimi, tokenizer, span, random_weights=False,
+                       description=f"{profile}: {checkpoint} ({layout} layout)", voice_prompts=voices, layout=layout)
 
 
-def _lm_config(profile: str, raw_config: dict[str, Any]) -> dict[str, Any]:
-    if raw_config:
-        skip = {"moshi_name", "mimi_name", "mimi_config_name", "tokenizer_name", "lora_name", "model_type",
-                "lm_gen_config", "tts_config", "stt_config", "model_id", "context_span"}
-        return {k: v for k, v in raw_config.items() if k not in skip}
-    config = moshi_7b_lm_config()
-    if profile in ("personaplex", "contextspan"):
-        config["dep_q"] = 16
-        config["text_card"] = 32001
-    return config
+def _lm_state(files: CheckpointFiles) -> dict[str, torch.Tensor]:
+    """The LM weights: the base file's, or the Context Spanning checkpoint's with whatever it lacks from the base
+    (read lazily from a safetensors base, so a complete fine-tune does not read the 16 GB base at all)."""
+    if files.overlay is None:
+        return load_state(files.lm)
+    state = context_spanning_state(files.overlay)
+    return {**read_keys(files.lm, stored_keys(files.lm) - set(state)), **state}
 
 
-_NAMES = {
-    "lm": ("model.safetensors", "model.pt", "lm.safetensors", "lm.pt"),
-    "mimi": (loaders.MIMI_NAME, "mimi.safetensors", "mimi.pt"),
-    "tokenizer": (loaders.TEXT_TOKENIZER_NAME, "tokenizer.model"),
-}
-
-
-def _resolve_files(profile: str, checkpoint: str) -> dict[str, Path]:
-    root = Path(checkpoint).expanduser()
-    if root.is_dir():
-        return _local_files(root)
-    if root.suffix or "/" not in checkpoint or checkpoint.count("/") > 1:
-        raise ModelLoadError(f"checkpoint {checkpoint!r} is neither a local directory nor a Hugging Face repo id")
-    return _hub_files(profile, checkpoint)
-
-
-def _local_files(root: Path) -> dict[str, Path]:
-    config = root / "config.json"
-    raw = json.loads(config.read_text()) if config.exists() else {}
-    found: dict[str, Path] = {"config": config} if config.exists() else {}
-    missing = []
-    for role, names in _NAMES.items():
-        key = {"lm": "moshi_name", "mimi": "mimi_name", "tokenizer": "tokenizer_name"}[role]
-        candidates = (raw[key], *names) if key in raw else names
-        path = next((root / n for n in candidates if (root / n).exists()), None)
-        if path is None:
-            missing.append(f"{role} ({' or '.join(candidates)})")
-        else:
-            found[role] = path
-    if "mimi_config_name" in raw:
-        found["mimi_config"] = root / raw["mimi_config_name"]
-    if missing:
-        raise ModelLoadError(f"checkpoint directory {root} is missing: {'; '.join(missing)}")
-    return found
-
-
-def _hub_files(profile: str, repo: str) -> dict[str, Path]:
-    try:
-        info = loaders.CheckpointInfo.from_hf_repo(repo)
-    except Exception as exc:  # the hub client raises many unrelated types for one cause: not reachable/not found
-        raise ModelLoadError(
-            f"could not fetch {repo!r} from the Hugging Face hub ({type(exc).__name__}: {exc}). Where the hub is "
-            f"reachable run `huggingface-cli download {repo} --local-dir DIR`, then pass --checkpoint DIR"
-        ) from exc
-    found = {"lm": info.moshi_weights, "mimi": info.mimi_weights, "tokenizer": info.tokenizer}
-    if info.raw_config is not None:
-        cfg = info.moshi_weights.parent / "config.json"
-        if cfg.exists():
-            found["config"] = cfg
-    return found
-
-
-def _load_state(path: Path, device: str) -> dict[str, torch.Tensor]:
-    if path.suffix in (".safetensors", ".sft", ".sfts"):
-        return load_file(str(path), device=device)
-    # Pickled checkpoints may come from anywhere: never let them run code.
-    try:
-        package = torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise ModelLoadError(f"refusing to load {path}: it holds more than tensors ({exc})") from exc
-    for key in ("fsdp_best_state", "model"):
-        if isinstance(package, dict) and key in package:
-            package = package[key]
-            if key == "fsdp_best_state":
-                package = package["model"]
-    if not isinstance(package, dict):
-        raise ModelLoadError(f"{path} does not hold a state dict")
-    return package
-
-
-def _load_mimi(path: Path, config: dict[str, Any] | None, device: str, num_codebooks: int) -> MimiModel:
-    mimi = loaders.get_mimi(None, config, device=device, num_codebooks=num_codebooks)
-    mimi.load_state_dict(_load_state(path, device))
-    mimi.set_num_codebooks(num_codebooks)
-    return mimi
-
-
-def _load_lm(path: Path, lm_config: dict[str, Any], device: str, dtype: torch.dtype) -> LMModel:
-    lm = loaders.get_moshi_lm(None, lm_kwargs=lm_config, device="meta", dtype=dtype)
-    state = {
+def _assign_lm(state: dict[str, torch.Tensor], config: dict, files: CheckpointFiles, device: str,
+               dtype: torch.dtype) -> LMModel:
+    lm = loaders.get_moshi_lm(None, lm_kwargs=config, device="meta", dtype=dtype)
+    check_weights(lm, state, str(files.overlay or files.lm), config)
+    converted = {
         k: (v.float() if k.startswith(("condition_provider.", "fuser.")) else v.to(dtype))
         if v.dtype.is_floating_point else v
-        for k, v in _load_state(path, device).items()
+        for k, v in state.items()
     }
-    lm.load_state_dict(state, assign=True)
+    lm.load_state_dict(converted, assign=True)
     return lm.to(device).eval()
 
 
-def placeholder_signals() -> tuple[torch.Tensor, torch.Tensor]:
-    """80 ms of silence and of a 440 Hz sine at amplitude 0.5: what span frames stand in for on each side."""
-    t = torch.arange(FRAME_SAMPLES, dtype=torch.float32) / SAMPLE_RATE
-    return torch.zeros(FRAME_SAMPLES), 0.5 * torch.sin(2 * math.pi * 440.0 * t)
+def _load_mimi(files: CheckpointFiles, device: str, num_codebooks: int) -> MimiModel:
+    mimi = loaders.get_mimi(None, files.mimi_config, device=device, num_codebooks=num_codebooks)
+    state = load_state(files.mimi)
+    try:
+        mimi.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"{files.mimi} does not fit the Mimi architecture"
+                             f"{' of ' + 'config.json mimi_config_name' if files.mimi_config else ''}: {exc}") from exc
+    mimi.set_num_codebooks(num_codebooks)
+    return mimi.to(device)
 
 
-@torch.no_grad()
-def compute_placeholder_codes(mimi: MimiModel, warmup_frames: int = 3) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Codes of one frame of steady silence and of the sine, read after the codec's causal state has filled."""
-    silence, sine = placeholder_signals()
-    frames = warmup_frames + 1
-    pcm = torch.stack([silence.repeat(frames), sine.repeat(frames)])[:, None]
-    codes = mimi.encode(pcm.to(next(mimi.parameters()).device))[:, :, -1].tolist()
-    return tuple(codes[0]), tuple(codes[1])
-
-
-def _span_config(lm: LMModel, mimi: MimiModel, ids: dict[str, int], computed_placeholders: bool) -> SpanConfig:
+def _span_config(lm: LMModel, overrides: SpanOverrides, source: str, dep_q: int | None = None,
+                 prefix_silence_frames: int = CONTEXT_SPANNING_PREFIX_SILENCE_FRAMES) -> SpanConfig:
     agent = lm.n_q // 2
-    if computed_placeholders:
-        silence, sine = compute_placeholder_codes(mimi)
-    else:
-        silence, sine = PERSONAPLEX_SILENCE_CODES, PERSONAPLEX_SINE_CODES
-    return SpanConfig(
-        ret_id=ids["ret_id"], open_id=ids["open_id"], close_id=ids["close_id"],
-        text_pad_id=lm.existing_text_padding_id,
-        silence_codes=tuple(silence[:agent]), sine_codes=tuple(sine[: lm.n_q - agent]),
-        agent_codebooks=agent, user_codebooks=lm.n_q - agent, dep_q=lm.dep_q, context=lm.context or 0,
-    )
+    silence = overrides.silence_codes or PERSONAPLEX_SILENCE_CODES
+    sine = overrides.sine_codes or PERSONAPLEX_SINE_CODES
+    try:
+        return SpanConfig(
+            ret_id=overrides.ret_id, open_id=overrides.open_id, close_id=overrides.close_id,
+            text_pad_id=lm.existing_text_padding_id, silence_codes=tuple(silence), sine_codes=tuple(sine),
+            agent_codebooks=agent, user_codebooks=lm.n_q - agent, dep_q=dep_q or lm.dep_q, context=lm.context or 0,
+            prefix_silence_frames=prefix_silence_frames,
+        )
+    except ValueError as exc:
+        raise ModelLoadError(f"{source}: {exc}") from exc

@@ -1,14 +1,27 @@
-"""Model architectures by profile name: the small CPU `tiny` configs and the real Moshi 7B shape."""
+"""Model architectures by profile name: the small CPU `tiny` configs and the real Moshi 7B shape.
+
+- `tiny`, `moshi-7b`: random weights built in memory (seeded).
+- `tiny-personaplex`, `tiny-contextspan`: random tiny weights with 16 depformer codebooks, written once to a cache
+  directory in the PersonaPlex / Context Spanning file layouts and loaded from there like a real checkpoint.
+- `moshi`, `personaplex`, `contextspan`: a checkpoint given with --checkpoint; its layout is read from its files.
+"""
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
 from moshi.models import loaders
 
-PROFILES = ("tiny", "moshi-7b", "moshi", "personaplex", "contextspan")
+PROFILES = ("tiny", "tiny-personaplex", "tiny-contextspan", "moshi-7b", "moshi", "personaplex", "contextspan")
 RANDOM_PROFILES = ("tiny", "moshi-7b")
+# The file layouts checkpoints come in (frontend_model/checkpoints/files.py tells them apart).
+Layout = Literal["kyutai", "personaplex", "contextspan"]
+# Random tiny checkpoints and the file layout each is written in.
+TINY_CHECKPOINT_PROFILES: dict[str, Layout] = {"tiny-personaplex": "personaplex", "tiny-contextspan": "contextspan"}
+# The layout each checkpoint profile expects (a mismatch is logged, not refused).
+PROFILE_LAYOUTS: dict[str, Layout] = {"moshi": "kyutai", "personaplex": "personaplex", "contextspan": "contextspan",
+                                      **TINY_CHECKPOINT_PROFILES}
 
 MOSHI_DELAYS = [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
 
@@ -72,3 +85,13 @@ def moshi_7b_lm_config() -> dict[str, Any]:
 
 def full_mimi_config() -> dict[str, Any]:
     return copy.deepcopy(loaders._mimi_config)
+
+
+# What `reduced_width` shrinks: everything but the vocabulary, the codebooks, dep_q and the delays.
+WIDTH_KEYS = ("dim", "num_heads", "num_layers", "hidden_scale", "depformer_dim", "depformer_dim_feedforward",
+              "depformer_num_heads", "depformer_num_layers")
+
+
+def reduced_width(lm_config: dict[str, Any]) -> dict[str, Any]:
+    """A real architecture at the tiny widths, so a CPU test steps its vocabulary, codebooks, dep_q and delays."""
+    return {**lm_config, **{k: TINY_LM_CONFIG[k] for k in WIDTH_KEYS}}

@@ -14,6 +14,7 @@ from frontend_model.text_normaliser import normalise_text
 from frontend_model.voice_prompt import VoicePrompt
 
 WORD_START = "\u2581"
+MIN_SPAN_FRAMES = 3  # open, one token, close
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def build_span(
     forbidden: frozenset[int] | None = None,
 ) -> SpanBuild:
     """Backend text -> `[open] + tokens + [close]` with silence on agent rows and sine on user rows."""
-    if max_frames < 3:
+    if max_frames < MIN_SPAN_FRAMES:
         raise ValueError(f"max_frames must leave room for open, one token and close, got {max_frames}")
     forbidden = forbidden if forbidden is not None else forbidden_ids(tokenizer, span)
     normalised, ids = tokenize_data_text(text, tokenizer, forbidden)

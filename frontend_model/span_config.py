@@ -11,6 +11,10 @@ PERSONAPLEX_SINE_CODES = (430, 1268, 381, 1611, 1095, 1495, 56, 472)
 # the Context Spanning model was trained with one.
 PERSONAPLEX_PREFIX_SILENCE_FRAMES = 6
 CONTEXT_SPANNING_PREFIX_SILENCE_FRAMES = 1
+# By checkpoint file layout; Kyutai's Moshi was trained on no prefix at all, so the shorter one.
+PREFIX_SILENCE_FRAMES = {"personaplex": PERSONAPLEX_PREFIX_SILENCE_FRAMES,
+                         "contextspan": CONTEXT_SPANNING_PREFIX_SILENCE_FRAMES,
+                         "kyutai": CONTEXT_SPANNING_PREFIX_SILENCE_FRAMES}
 
 
 @dataclass(frozen=True)

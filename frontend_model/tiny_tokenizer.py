@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import string
+import struct
 import tempfile
 from pathlib import Path
 
@@ -52,11 +53,16 @@ def _corpus() -> str:
     return _SENTENCES + "\n".join(numbers + years + ordinals) + "\n"
 
 
+def cache_root() -> Path:
+    """Where generated models live: `$XDG_CACHE_HOME/contextspan`, else `~/.cache/contextspan`."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "contextspan"
+
+
 def tiny_tokenizer_path(cache_dir: Path | None = None) -> Path:
     """Train once per corpus version and cache the model file: training takes about a second."""
     corpus = _corpus()
     digest = hashlib.sha256(f"{VOCAB_SIZE}\n{corpus}".encode()).hexdigest()[:16]
-    base = cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "contextspan"
+    base = cache_dir or cache_root()
     target = base / f"tiny_spm_{digest}.model"
     if target.exists():
         return target
@@ -82,3 +88,44 @@ def tiny_tokenizer_path(cache_dir: Path | None = None) -> Path:
         )
         os.replace(f"{prefix}.model", target)
     return target
+
+
+def padded_tokenizer_path(vocab_size: int, cache_dir: Path | None = None) -> Path:
+    """The tiny tokenizer with unused pieces appended up to `vocab_size`, for random models with a real-sized text
+    head (Moshi 7B: 32000): every id the head can sample decodes, while encoding never yields the added pieces.
+
+    The pieces are appended to the serialized ModelProto as more entries of its repeated `pieces` field (field 1),
+    which protobuf parsing concatenates with the existing ones, so no protobuf library is needed.
+    """
+    source = tiny_tokenizer_path(cache_dir)
+    data = source.read_bytes()
+    target = source.with_name(f"{source.stem}_padded{vocab_size}.model")
+    if target.exists():
+        return target
+    present = spm.SentencePieceProcessor(model_proto=data).vocab_size()
+    if vocab_size < present:
+        raise ValueError(f"the tiny tokenizer already has {present} pieces, more than {vocab_size}")
+    extra = b"".join(_unused_piece(f"<unused{i}>") for i in range(present, vocab_size))
+    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(data + extra)
+    os.replace(tmp, target)
+    return target
+
+
+_UNUSED = 5  # ModelProto.SentencePiece.Type.UNUSED
+
+
+def _unused_piece(piece: str) -> bytes:
+    """One ModelProto `pieces` entry: {piece: 1 (string), score: 2 (float), type: 3 (enum)}."""
+    text = piece.encode()
+    inner = b"\x0a" + _varint(len(text)) + text + b"\x15" + struct.pack("<f", 0.0) + b"\x18" + _varint(_UNUSED)
+    return b"\x0a" + _varint(len(inner)) + inner
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)

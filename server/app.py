@@ -16,8 +16,9 @@ from starlette.websockets import WebSocketDisconnect
 
 from frontend_model.batch_model import BatchedModel
 from frontend_model.calibration import TickCost, calibrate_prefill, calibrate_ticks, tick_sizes
-from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES
+from frontend_model.engine import no_span_budget_warning
 from frontend_model.loading import LoadedModel, ModelLoadError, load_model
+from frontend_model.span_block import MIN_SPAN_FRAMES
 from server import auth
 from server import protocol as p
 from server.backend import Backend
@@ -29,7 +30,8 @@ from server.model_session import PersonaError
 from server.recording import recording_path
 from server.session import Session, SessionEnd, SessionOptions
 from server.settings import ServerSettings
-from server.tick_scheduler import TICK_SHARE, capacity
+from server.tick_scheduler import TICK_SHARE, admission_log, admit
+from server.trigger import ResolvedTrigger, resolve_trigger
 from server.worker import ModelWorker, WorkerRestarted
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ class ServerState:
     worker: ModelWorker | None = None
     load_error: str | None = None
     backend: Backend | None = None
+    trigger: ResolvedTrigger | None = None  # resolved for the loaded checkpoint (server/trigger.py)
     sessions: dict[str, Session] = field(default_factory=dict)
     tokens: auth.TokenIssuer = field(init=False)
     signer: auth.RecordingSigner = field(default_factory=auth.RecordingSigner)
@@ -109,6 +112,7 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
         state.batcher = await start_batcher(state, model, worker, cost)
         state.backend = await asyncio.to_thread(Backend.create, settings)
         await asyncio.to_thread(state.backend.warm_up)
+        trigger = resolve_trigger(settings.trigger, model.profile, settings.force_ret_frame is not None)
     except ModelLoadError as exc:
         state.load_error = str(exc)
         logger.error("model not loaded: %s", exc)
@@ -120,9 +124,12 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
     if model.random_weights:
         logger.warning(RANDOM_WEIGHTS_BANNER.format(profile=model.profile))
     batcher = state.batcher
-    logger.info("serving %s on %s: %d session(s) in one batch, tick %.1f ms (%s)", model.description, model.device,
-                batcher.size, cost.tick(batcher.size) * 1e3, batcher.capacity.reason)
-    state.model, state.worker = model, worker
+    logger.info("serving %s on %s: %s", model.description, model.device,
+                admission_log(state.settings.admission, batcher.capacity, cost.tick, state.settings.deadline_ms / 1e3))
+    logger.info("retrieval trigger: %s (%s)", trigger.trigger, trigger.why)
+    if trigger.trigger == "asr" and state.backend.asr_process is None:
+        logger.warning("retrieval trigger asr needs speech recognition, which is off: no retrieval will start")
+    state.model, state.worker, state.trigger = model, worker, trigger
     return load
 
 
@@ -130,18 +137,22 @@ async def calibrate(state: ServerState, model: LoadedModel, worker: ModelWorker)
     """What a span and a tick of each batch size cost on this machine; sizes stop past the tick's share."""
     max_sessions = state.settings.max_sessions
     limit_s = state.settings.deadline_ms / 1e3 * TICK_SHARE
-    prefill = await worker.run(lambda: calibrate_prefill(model, DEFAULT_MAX_SPAN_FRAMES))
+    prefill = await worker.run(lambda: calibrate_prefill(model, state.settings.max_span_frames))
     ticks = await worker.run(lambda: calibrate_ticks(model, tick_sizes(max_sessions), stop_above_s=limit_s))
     return TickCost(ticks, prefill)
 
 
 async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWorker, cost: TickCost) -> Batcher:
-    """As many slots as the calibrated tick admits, in one batched model, warmed up and ticking."""
+    """As many slots as admission allows, in one batched model, warmed up and ticking."""
     settings = state.settings
     budget_s = settings.deadline_ms / 1e3
-    admitted = capacity(cost.tick, budget_s, settings.max_sessions)
-    batched = BatchedModel(model, admitted.slots, max_span_frames=DEFAULT_MAX_SPAN_FRAMES, cost=cost.prefill,
-                           frame_budget_s=cost.span_budget(budget_s, admitted.slots))
+    admitted = admit(settings.admission, cost.tick, budget_s, settings.max_sessions)
+    span_budget_s = cost.span_budget(budget_s, admitted.slots)
+    batched = BatchedModel(model, admitted.slots, max_span_frames=settings.max_span_frames,
+                           cost=cost.prefill if settings.span_cap == "calibrated" else None,
+                           frame_budget_s=span_budget_s)
+    if batched.engine.span_frame_cap < MIN_SPAN_FRAMES:
+        logger.warning(no_span_budget_warning(cost.prefill, span_budget_s))
     await worker.run(batched.start)
     await worker.run(batched.warm_up)
     batcher = Batcher(batched, worker, cost, admitted, budget_s, settings.span_deadline_s, state.metrics)
@@ -312,7 +323,9 @@ def _info(state: ServerState) -> dict[str, object]:
         "asr_error": state.backend.asr_error if state.backend else None,
         "llm": bool(state.backend and state.backend.llm),
         "mcp_error": state.backend.mcp_error if state.backend else None,
-        "trigger": state.settings.trigger,
+        "trigger": state.trigger.trigger if state.trigger else state.settings.trigger,
+        "trigger_why": state.trigger.why if state.trigger else None,
+        "app_spans": state.settings.app_spans,
         "auth": bool(state.settings.api_keys),
         "draining": state.draining,
     }
@@ -344,8 +357,11 @@ async def serve_session(ws: WebSocket, state: ServerState) -> None:
     session: Session | None = None
     code, reason = p.CLOSE_NORMAL, ""
     try:
+        # With API keys set, every session got here with a token: it is authenticated.
         session = Session(ws, settings, state.model, batcher, slot, metrics, options, state.backend,
-                          ws.query_params.get("user"), state.signer if settings.api_keys else None)
+                          ws.query_params.get("user"), state.signer if settings.api_keys else None,
+                          state.trigger.trigger if state.trigger else "ret",
+                          auth.app_spans_allowed(settings.app_spans, authenticated=bool(settings.api_keys)))
         session_id_var.set(session.id)
         state.sessions[session.id] = session
         metrics.sessions.labels("accepted").inc()

@@ -136,3 +136,9 @@ class RecordingSigner:
 
     def verify(self, session_id: str, signature: str | None) -> bool:
         return bool(signature) and hmac.compare_digest(self.sign(session_id), signature or "")
+
+
+def app_spans_allowed(setting: str, authenticated: bool) -> bool:
+    """May this session push its own span text (`span.inject`)? `auto`: only a session the operator's backend
+    let in with a token; an anonymous page could otherwise put any text in the model's context."""
+    return setting == "on" or (setting == "auto" and authenticated)

@@ -23,6 +23,7 @@ from backend_agent.tools import build_catalogue
 from backend_agent.tools.knowledge_base import KnowledgeBase
 from server.retrieval import Retrieval, RetrievalConfig, SpanAnswer
 from server.settings import ServerSettings
+from server.trigger import Trigger
 
 if TYPE_CHECKING:
     from backend_agent.tools.mcp_tools import MCPToolset
@@ -115,8 +116,9 @@ class Backend:
         emit: Callable[[Any], None],
         stream_time: Callable[[], float],
         on_error: Callable[[Exception], None],
+        trigger: Trigger,
     ) -> Retrieval:
-        """A started retrieval loop for one session (must run on the event loop)."""
+        """A started retrieval loop for one session (must run on the event loop); `trigger` as resolved at load."""
         retrieval: Retrieval | None = None
 
         def on_transcript(transcript: Any) -> None:
@@ -129,7 +131,7 @@ class Backend:
             asr.start()
         s = self.settings
         config = RetrievalConfig(deadline_s=s.span_deadline_s, question_wait_s=s.question_wait_s,
-                                 recent_audio_s=s.recent_audio_s, trigger=s.trigger)
+                                 recent_audio_s=s.recent_audio_s, trigger=trigger)
         retrieval = Retrieval(session_id, user_id, self.agent_for(self.store.get_profile(user_id)), self.store, asr,
                               on_answer, emit, stream_time, config)
         return retrieval

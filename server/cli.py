@@ -63,8 +63,9 @@ def serve(settings: ServerSettings) -> int:
         print(f"contextspan: {problem}", file=sys.stderr)
         return 2
     app = create_app(settings)
-    DrainingServer(app, settings).run()
-    return 0
+    server = DrainingServer(app, settings)
+    server.run()
+    return server.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:

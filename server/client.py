@@ -7,11 +7,13 @@ when asked. The benchmarks also start their server and make their speech with th
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,9 @@ async def stream(
     token: str | None = None,
     page_samples: int = FRAME_SAMPLES,
     start_at: float | None = None,
+    until: Callable[[StreamResult], bool] | None = None,
+    until_timeout_s: float = 30.0,
+    texts: Sequence[tuple[float, str]] = (),
 ) -> StreamResult:
     """Send `pcm` (24 kHz float32) as Ogg Opus, `page_samples` at a time (default one 80 ms frame; a divisor of
     it, at least 960, for shorter pages), paced by an absolute schedule, and collect everything the server sends
@@ -73,6 +78,9 @@ async def stream(
     `pause_reading_s=(start, length)` stops reading for `length` seconds from `start`, as a stalled client.
     `token` is a session token from POST /api/token, sent as an app does: `Authorization: Bearer`.
     `start_at` (a `time.perf_counter()` value) starts sending then instead of right after the handshake.
+    `until`: after `pcm`, keep the session going with silence until `until(result)` holds (at most
+    `until_timeout_s`), e.g. until an answer the client waits for has come, however long this host takes.
+    `texts` are (seconds into the audio, JSON text message) pairs, e.g. a `span.inject`, sent at those times.
     """
     if FRAME_SAMPLES % page_samples or page_samples < 960:
         raise ValueError(f"page_samples must divide {FRAME_SAMPLES} and be at least 960 (sphn's Opus page)")
@@ -90,14 +98,27 @@ async def stream(
 
         async def send() -> None:
             start = time.perf_counter() if start_at is None else start_at
-            for i in range(frames * pages_per_frame):
+            silence = np.zeros(page_samples, np.float32)
+            pending = sorted(texts)
+            give_up = math.inf
+            i = 0
+            while True:
+                if i < frames * pages_per_frame:
+                    page = pcm[i * page_samples : (i + 1) * page_samples].astype(np.float32)
+                elif until is not None and not until(result) and time.perf_counter() < give_up:
+                    give_up = min(give_up, time.perf_counter() + until_timeout_s)
+                    page = silence
+                else:
+                    return
                 await asyncio.sleep(max(0.0, start + i * page_samples / SAMPLE_RATE - time.perf_counter()))
-                ogg = writer.append_pcm(pcm[i * page_samples : (i + 1) * page_samples].astype(np.float32))
                 try:
-                    await ws.send(p.audio_message(ogg))
+                    while pending and pending[0][0] <= i * page_samples / SAMPLE_RATE:
+                        await ws.send(pending.pop(0)[1])
+                    await ws.send(p.audio_message(writer.append_pcm(page)))
                 except websockets.ConnectionClosed:
                     return  # the server ended the session: what it sent, and its close code, are the result
-                if (i + 1) % pages_per_frame == 0:
+                i += 1
+                if i % pages_per_frame == 0:
                     result.frames_sent += 1
 
         async def receive() -> None:

@@ -3,6 +3,9 @@
 Plain uvicorn closes every WebSocket at once (1012) on SIGTERM; a rolling restart would cut every caller off
 mid-sentence. Here the first SIGTERM or Ctrl-C starts the drain (new sessions are refused with 1013, /readyz
 turns 503, live ones are told and closed by the deadline, recordings flushed) and a second one exits at once.
+
+A model that fails to load stops the server with exit status 1 (unless `wait_for_model`), so that a container
+orchestrator sees the failure instead of a server that answers 1013 forever.
 """
 
 from __future__ import annotations
@@ -31,8 +34,18 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.app = app
         self.grace_s = settings.shutdown_grace_s
+        self.wait_for_model = settings.wait_for_model
+        self.exit_code = 0
         self._draining = False
         self._tasks: set[asyncio.Task[None]] = set()
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn calls this every 0.1 s; True stops the server."""
+        load_error = self.app.state.server.load_error
+        if load_error is not None and not self.wait_for_model and not self.exit_code:
+            logger.error("exiting: the model did not load: %s (--wait-for-model keeps the server up)", load_error)
+            self.exit_code = 1
+        return self.exit_code != 0 or await super().on_tick(counter)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining or self.should_exit:

@@ -5,18 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
-import torch
-from safetensors.torch import load_file
 
 from frontend_model.block import Block, Prefix
 from frontend_model.codec import FrameCodec
-from frontend_model.engine import Engine, PrefillCost
+from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, Engine, PrefillCost
 from frontend_model.loading import LoadedModel
 from frontend_model.span_block import SpanBuild, build_prefix
-from frontend_model.voice_prompt import VoicePrompt
 from server import protocol as p
 from server.frame_clock import InputFrame
 
@@ -63,30 +59,14 @@ class FrameOutput:
     deferred: SpanRequest | None = None  # a span that did not fit this tick's budget: offer it with the next frame
 
 
-def load_voice_codes(path: Path, agent_codebooks: int) -> torch.Tensor:
-    """A voice prompt file -> [agent codebooks, m] codes (a bare tensor, or the `codes` entry of a dict)."""
-    if path.suffix == ".safetensors":
-        data: object = load_file(str(path))
-    else:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(data, dict):
-        data = data.get("codes")
-    if not isinstance(data, torch.Tensor) or data.dim() != 2 or data.shape[0] != agent_codebooks:
-        raise PersonaError(f"voice prompt {path.name} does not hold [{agent_codebooks}, frames] codes")
-    return data.to(torch.long)
-
-
 def build_persona_block(model: LoadedModel, persona: str, voice: str | None, max_frames: int) -> Prefix | None:
-    """The prefix prefilled before the handshake: tokenising, and the voice prompt if any."""
+    """The prefix prefilled before the handshake: tokenising, and the voice prompt (read at load) if any."""
     prompt = None
     if voice:
-        found = model.voice_prompts.get(voice)
-        if found is None:
+        prompt = model.voice_prompts.get(voice)
+        if prompt is None:
             known = ", ".join(sorted(model.voice_prompts)) or "none for this model"
             raise PersonaError(f"unknown voice {voice!r} (known: {known})")
-        # Until loading hands over VoicePrompt objects, a path holds codes (integration adapter).
-        prompt = found if isinstance(found, VoicePrompt) else VoicePrompt(
-            voice, codes=load_voice_codes(found, model.span.agent_codebooks))
     try:
         prefix = build_prefix(persona, model.tokenizer, model.span, prompt, model.lm.delays)
     except ValueError as exc:
@@ -105,12 +85,13 @@ class ModelSession:
         span_deadline_s: float,
         cost: PrefillCost | None = None,
         frame_budget_s: float = 0.08,
+        max_span_frames: int = DEFAULT_MAX_SPAN_FRAMES,
     ) -> None:
         """`cost` (calibrated at startup) lets the engine cap a span so its prefill fits `frame_budget_s`."""
         self.model = model
         self.span_deadline_s = span_deadline_s
         self.codec = FrameCodec(model.mimi)
-        self.engine = Engine(model, cost=cost, frame_budget_s=frame_budget_s)
+        self.engine = Engine(model, cost=cost, frame_budget_s=frame_budget_s, max_span_frames=max_span_frames)
 
     def open(self, prefix: Prefix | None) -> float:
         """Start the streams and prefill the persona; returns the prefill time in seconds."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from frontend_model.calibration import calibrate_prefill
-from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES
+from frontend_model.engine import no_span_budget_warning
 from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, LoadedModel
+from frontend_model.span_block import MIN_SPAN_FRAMES
 from server import protocol as p
 from server.backend import Backend
 from server.frame_clock import FrameAssembler
@@ -27,6 +29,9 @@ from server.model_session import ModelSession, SpanOutcome, SpanRequest, span_ev
 from server.recording import StereoWavWriter
 from server.retrieval import SpanAnswer
 from server.settings import ServerSettings
+from server.trigger import resolve_trigger
+
+logger = logging.getLogger(__name__)
 
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 
@@ -51,8 +56,11 @@ class OfflineSession:
         self.settings = settings
         self.ret_frames = ret_frames or set()
         self.realtime = realtime
-        cost = calibrate_prefill(model, DEFAULT_MAX_SPAN_FRAMES)
-        self.model_session = ModelSession(model, settings.span_deadline_s, cost, settings.deadline_ms / 1e3)
+        budget_s = settings.deadline_ms / 1e3
+        cost = calibrate_prefill(model, settings.max_span_frames) if settings.span_cap == "calibrated" else None
+        self.model_session = ModelSession(model, settings.span_deadline_s, cost, budget_s, settings.max_span_frames)
+        if cost is not None and self.model_session.engine.span_frame_cap < MIN_SPAN_FRAMES:
+            logger.warning(no_span_budget_warning(cost, budget_s))
         self.assembler = FrameAssembler()
         self.result = OfflineResult()
         self._span: SpanRequest | None = None
@@ -68,8 +76,9 @@ class OfflineSession:
 
     async def run(self, pcm: np.ndarray, out_wav: Path | None = None) -> OfflineResult:
         wav = StereoWavWriter(out_wav) if out_wav else None
+        trigger = resolve_trigger(self.settings.trigger, self.model.profile, forced_ret=bool(self.ret_frames))
         retrieval = self.backend.retrieval_for("offline", "offline", self._on_answer, self.emit,
-                                               lambda: self.assembler.stream_time, lambda exc: None)
+                                               lambda: self.assembler.stream_time, lambda exc: None, trigger.trigger)
         loop = asyncio.get_running_loop()
         self.model_session.open(None)
         start = time.perf_counter()

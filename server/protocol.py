@@ -81,8 +81,23 @@ class SessionUpdate(BaseModel):
     notes: str | None = Field(None, max_length=8000)
 
 
-ClientMessage = SessionUpdate
+# Longer app text would be cut to the span's frame cap anyway (a few hundred characters at most on any machine).
+MAX_APP_SPAN_CHARS = 2000
+
+
+class SpanInject(BaseModel):
+    """App-provided text to inject as a Context Span at the next frame boundary (where the server allows it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["span.inject"]
+    text: str = Field(min_length=1, max_length=MAX_APP_SPAN_CHARS)
+    source: str | None = Field(None, max_length=200)
+
+
+ClientMessage = Annotated[SessionUpdate | SpanInject, Field(discriminator="type")]
 _client_adapter: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
+_CLIENT_TYPES = ("session.update", "span.inject")
 
 
 def parse_client_text(text: str) -> ClientMessage:
@@ -94,13 +109,17 @@ def parse_client_text(text: str) -> ClientMessage:
         raise ProtocolError("invalid_json", "text message nests too deeply or holds too large a number") from None
     if not isinstance(data, dict) or "type" not in data:
         raise ProtocolError("invalid_message", "a JSON message must be an object with a 'type'")
-    if data["type"] != "session.update":
+    if data["type"] not in _CLIENT_TYPES:
         raise ProtocolError("unknown_type", f"unknown message type {data['type']!r}")
     try:
         return _client_adapter.validate_python(data)
     except ValidationError as exc:
-        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ProtocolError("invalid_message", f"invalid session.update: {detail}") from None
+        errors = exc.errors()
+        if data["type"] == "span.inject" and any(e["type"] == "string_too_long" and e["loc"][-1:] == ("text",)
+                                                 for e in errors):
+            raise ProtocolError("span_too_long", f"span.inject text is over {MAX_APP_SPAN_CHARS} characters") from None
+        detail = "; ".join(f"{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in errors)
+        raise ProtocolError("invalid_message", f"invalid {data['type']}: {detail}") from None
 
 
 # server -> client JSON ---------------------------------------------------------------------------------------
@@ -123,6 +142,9 @@ class SessionReady(ServerEvent):
     description: str
     prefix_frames: int
     prefill_ms: float
+    trigger: Literal["ret", "asr"] = Field(
+        description="what starts a retrieval here: the model's `<ret>`, or a question in the user's final transcript")
+    app_spans: bool = Field(description="whether this session accepts `span.inject`")
     recording: dict[str, str] | None = None
 
 

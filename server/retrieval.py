@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,22 +19,14 @@ from opentelemetry.trace import StatusCode
 from backend_agent.agent import Agent
 from backend_agent.asr.streaming import StreamingASR, Transcript
 from backend_agent.context_store import ContextStore
+from backend_agent.question import is_question
 from backend_agent.tools.base import ToolResult
 from server import protocol as p
+from server.trigger import Trigger
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("contextspan.server")
 LATE_MARGIN_S = 0.25
-
-_QUESTION_START = re.compile(
-    r"^(what|what's|whats|when|where|who|whom|whose|which|why|how|is|are|am|was|were|do|does|did|can|could|"
-    r"will|would|should|shall|may|might|tell me|give me)\b", re.IGNORECASE)
-
-
-def is_question(text: str) -> bool:
-    """For `--trigger asr`: a final utterance ending in '?' or opening like a question."""
-    text = text.strip()
-    return text.endswith("?") or bool(_QUESTION_START.match(text))
 
 
 @dataclass(frozen=True)
@@ -56,7 +47,7 @@ class RetrievalConfig:
     question_wait_s: float = 1.0
     recent_audio_s: float = 10.0
     fresh_final_s: float = 10.0
-    trigger: str = "ret"  # "ret" (the model's token) or "asr" (experimental: a final user question)
+    trigger: Trigger = "ret"  # the model's token, or a question in a final transcript (see server/trigger.py)
     context_turns: int = 12
     context_chars: int = 2000
 
@@ -192,11 +183,12 @@ class Retrieval:
             self._dropped(f"backend error: {type(exc).__name__}: {exc}", triggered, timings)
 
     async def _pick_question(self) -> tuple[str, float]:
-        """A fresh final utterance; else wait briefly for the final; else transcribe the last seconds heard."""
+        """A fresh final utterance; else wait briefly for the final (of an utterance still going on, or ended and
+        still being transcribed); else transcribe the last seconds heard."""
         if self.asr is None:
             return "", 0.0
         fresh = self._fresh_final()
-        if fresh is None and self.asr.in_speech:
+        if fresh is None and self.asr.awaiting_final:
             self.asr.final_event.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.asr.final_event.wait(), self.config.question_wait_s)

@@ -36,6 +36,7 @@ from server.outbound import OutboundQueue, Outgoing
 from server.recording import SessionRecording
 from server.retrieval import Retrieval, SpanAnswer
 from server.settings import ServerSettings
+from server.trigger import Trigger
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("contextspan.server")
@@ -97,7 +98,10 @@ class Session:
         backend: Backend | None = None,
         user_id: str | None = None,
         signer: RecordingSigner | None = None,
+        trigger: Trigger = "ret",
+        app_spans: bool = False,
     ) -> None:
+        """`trigger` as resolved at load (server/trigger.py); `app_spans` whether `span.inject` is accepted."""
         self.id = new_session_id()
         self.ws = websocket
         self.settings = settings
@@ -121,6 +125,9 @@ class Session:
         self._audio_messages_sent = 0
         self.input_dropped = 0
         self.signer = signer
+        self.trigger = trigger
+        self.app_spans = app_spans
+        self._last_app_span = float("-inf")
         self.limiter = RateLimiter(settings.max_messages_per_s, 2 * settings.max_messages_per_s)
         self.abuse = AbuseCounter(settings.max_protocol_errors)
         self._end_requested = asyncio.Event()
@@ -174,13 +181,13 @@ class Session:
         self.emit(p.SessionReady(
             t=0.0, session_id=self.id, profile=self.model.profile, random_weights=self.model.random_weights,
             description=self.model.description, prefix_frames=prefix.frames if prefix else 0,
-            prefill_ms=round(prefill_s * 1e3, 2),
+            prefill_ms=round(prefill_s * 1e3, 2), trigger=self.trigger, app_spans=self.app_spans,
             recording=self._recording_links() if self.recording else None,
         ))
         if self.backend is not None:
             self.retrieval = self.backend.retrieval_for(
                 self.id, self.user_id, self._on_answer, self.emit, lambda: self.assembler.stream_time,
-                self._on_backend_error)
+                self._on_backend_error, self.trigger)
         tasks = [asyncio.create_task(self._send_loop()), asyncio.create_task(self._frame_loop()),
                  asyncio.create_task(self._stats_loop()), asyncio.create_task(self._duration_loop()),
                  asyncio.create_task(self._wait_for_end())]
@@ -283,7 +290,27 @@ class Session:
 
     def _on_text(self, text: str) -> None:
         self.options.events = True  # a client that sends text reads text: JSON events (and errors) from now on
-        update = p.parse_client_text(text)
+        message = p.parse_client_text(text)
+        if isinstance(message, p.SpanInject):
+            self._inject_app_span(message)
+        else:
+            self._update(message)
+
+    def _inject_app_span(self, message: p.SpanInject) -> None:
+        """App text becomes a span exactly as a retrieval answer does: same scrubber, cap, deadline and events.
+
+        At most one a frame: one frame boundary injects one span, and building a block (normalising, tokenising)
+        runs on the event loop, which a client sending 100 a second would otherwise keep busy."""
+        if not self.app_spans:
+            raise p.ProtocolError("app_spans_off", "this session does not accept span.inject (the server's "
+                                  "app_spans setting; by default only sessions opened with a token may)")
+        now = time.perf_counter()
+        if now - self._last_app_span < FRAME_SAMPLES / SAMPLE_RATE:
+            raise p.ProtocolError("span_rate_limited", "at most one span.inject a frame (80 ms)")
+        self._last_app_span = now
+        self.request_span(message.text, message.source or "app", tool="app")
+
+    def _update(self, update: p.SessionUpdate) -> None:
         if update.persona is not None or update.voice is not None:
             raise p.ProtocolError(
                 "persona_locked", "persona and voice are prefilled before the handshake: pass them as the "

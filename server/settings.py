@@ -23,7 +23,11 @@ class ServerSettings(BaseSettings):
     profile: str | None = Field(None, description="model profile; default: moshi with CUDA, tiny without")
     checkpoint: str | None = Field(None, description="HF repo id or local directory for checkpoint profiles")
     device: str | None = Field(None, description="torch device; default cuda if available else cpu")
-    seed: int = Field(0, description="seed of the random weights of the tiny and moshi-7b profiles")
+    seed: int = Field(0, description="seed of the random weights of the tiny, tiny-personaplex, tiny-contextspan "
+                      "and moshi-7b profiles")
+    wait_for_model: bool = Field(
+        False, description="when the model fails to load, stay up (/readyz 503 with the reason, chats refused with "
+        "1013) instead of exiting non-zero")
     torch_threads: int = Field(
         1, ge=1, description="torch CPU threads; 1 keeps small CPU models steady on a busy machine (2 threads "
         "spin against other processes and miss deadlines)",
@@ -42,6 +46,14 @@ class ServerSettings(BaseSettings):
     max_sessions: int = Field(
         2, ge=1, description="concurrent sessions, stepped as one batch (every row is computed each tick and holds "
         "a KV cache: ~1.9 GB for 7B bf16); fewer if the calibrated tick would not fit the frame budget")
+    admission: Literal["calibrated", "fixed"] = Field(
+        "calibrated", description="calibrated: as many sessions as the measured tick fits in the frame budget, at most "
+        "max_sessions; fixed: exactly max_sessions whatever the measurement says (tests, hosts of known capacity)")
+    max_span_frames: int = Field(
+        640, ge=3, description="longest span in frames (open + text + close); the KV ring is widened by this much")
+    span_cap: Literal["calibrated", "fixed"] = Field(
+        "calibrated", description="calibrated: a span is cut to what its prefill fits in the frame budget by the "
+        "startup measurement; fixed: spans up to max_span_frames whatever it says (tests, slow hosts)")
     max_connections_per_ip: int = Field(8, ge=1, description="open WebSockets per client address (HTTP 429 over)")
     max_message_bytes: int = Field(256 * 1024, ge=1024, description="larger WebSocket messages close with 1009")
     max_messages_per_s: float = Field(
@@ -75,8 +87,12 @@ class ServerSettings(BaseSettings):
     llm_model: str = Field("default", description="model name sent to the LLM server")
     llm_api_key: str | None = Field(None, description="bearer token for the LLM server")
     llm_tool_choice: str = Field("auto", description="auto, required, none, or a tool name to force")
-    trigger: Literal["ret", "asr"] = Field(
-        "ret", description="retrieve on the model's <ret> token, or (experimental) on a final user question")
+    trigger: Literal["auto", "ret", "asr"] = Field(
+        "auto", description="what starts a retrieval: the model's <ret> token (ret), a question in the user's final "
+        "transcript (asr), or by checkpoint (auto: ret for contextspan profiles, asr for the others)")
+    app_spans: Literal["auto", "on", "off"] = Field(
+        "auto", description="accept `span.inject` text from clients as spans; auto: only in authenticated sessions "
+        "(api_keys set)")
     question_wait_s: float = Field(1.0, ge=0, description="how long <ret> waits for the user's final utterance")
     recent_audio_s: float = Field(10.0, gt=0, description="audio transcribed when no utterance is final")
     context_store: str = Field(":memory:", description="SQLite file for profiles and turns; a path keeps them")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 # Share of the frame budget a full tick may take at admission: the rest is for a span's prefill, waiting for
 # frames of other phases, and the event loop's Opus and WebSocket work.
@@ -104,3 +105,24 @@ def capacity(tick_s: Callable[[int], float], budget_s: float, max_sessions: int)
     # Short: it travels in a WebSocket close reason (123 bytes with the JSON around it).
     return Capacity(slots, f"a tick of {slots + 1} would take {tick_s(slots + 1) * 1e3:.0f} ms > {TICK_SHARE:.0%} of "
                            f"the {budget_s * 1e3:.0f} ms frame")
+
+
+def admit(policy: Literal["calibrated", "fixed"], tick_s: Callable[[int], float], budget_s: float,
+          max_sessions: int) -> Capacity:
+    """`calibrated`: `capacity`. `fixed`: exactly `max_sessions`, for hosts whose capacity is known and for tests,
+    which must not depend on how fast the machine they run on is."""
+    if policy == "calibrated":
+        return capacity(tick_s, budget_s, max_sessions)
+    return Capacity(max_sessions, f"max_sessions is {max_sessions} (admission fixed)")
+
+
+def admission_log(policy: Literal["calibrated", "fixed"], admitted: Capacity, tick_s: Callable[[int], float],
+                  budget_s: float) -> str:
+    """The startup line that says how many sessions are served and why; fixed admission says what it overrides."""
+    tick_ms = tick_s(admitted.slots) * 1e3
+    line = f"{admitted.slots} session(s) in one batch, tick {tick_ms:.1f} ms ({admitted.reason})"
+    if policy == "fixed":
+        measured = capacity(tick_s, budget_s, admitted.slots)
+        if measured.slots < admitted.slots:
+            line += f"; calibrated admission would take {measured.slots}: {measured.reason}"
+    return line

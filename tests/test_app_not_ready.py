@@ -1,4 +1,5 @@
-"""A model that cannot load: the server stays up, says why on /readyz, and refuses chats with 1013."""
+"""A model that cannot load: the app stays up, says why on /readyz, and refuses chats with 1013 (`contextspan serve`
+then exits unless --wait-for-model: tests/test_serve_exit.py)."""
 
 from __future__ import annotations
 

@@ -98,11 +98,16 @@ def test_event_fields_and_required_fields_match(spec: dict[str, Any], cls: type[
 
 def test_client_messages_match(spec: dict[str, Any]) -> None:
     payloads = _json_payloads(spec, "receive")
-    assert set(payloads) == {_type_const(p.SessionUpdate)}
-    payload = payloads[_type_const(p.SessionUpdate)]
-    assert set(payload["properties"]) == set(p.SessionUpdate.model_fields)
-    profile = _deref(spec, payload["properties"]["profile"])
+    classes = get_args(get_args(p.ClientMessage)[0])
+    assert set(payloads) == {_type_const(cls) for cls in classes}
+    for cls in classes:
+        payload = payloads[_type_const(cls)]
+        assert set(payload["properties"]) == set(cls.model_fields)
+        assert set(payload["required"]) == {name for name, f in cls.model_fields.items() if f.is_required()}
+    profile = _deref(spec, payloads[_type_const(p.SessionUpdate)]["properties"]["profile"])
     assert set(profile["properties"]) == set(p.UserProfile.model_fields)
+    inject = payloads[_type_const(p.SpanInject)]["properties"]["text"]
+    assert inject["maxLength"] == p.MAX_APP_SPAN_CHARS
 
 
 def test_every_kind_byte_is_in_the_spec(spec: dict[str, Any]) -> None:

@@ -94,3 +94,10 @@ def test_recording_links_are_signed_per_session_and_per_server() -> None:
     assert not signer.verify("session-b", signature)
     assert not signer.verify("session-a", None) and not signer.verify("session-a", "")
     assert not auth.RecordingSigner().verify("session-a", signature), "another server's secret"
+
+
+@pytest.mark.parametrize(("setting", "authenticated", "allowed"), [
+    ("auto", True, True), ("auto", False, False), ("on", False, True), ("on", True, True), ("off", True, False),
+])
+def test_who_may_push_spans(setting: str, authenticated: bool, allowed: bool) -> None:
+    assert auth.app_spans_allowed(setting, authenticated) is allowed

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from frontend_model.calibration import calibrate_prefill, calibration_sizes
-from frontend_model.engine import GREEDY, Engine, PrefillCost
+from frontend_model.engine import GREEDY, NO_FRAME_BUDGET, Engine, PrefillCost, no_span_budget_warning
 from frontend_model.loading import LoadedModel, load_model
 from frontend_model.profiles import moshi_7b_lm_config
 from tests.engine_helpers import tiny_model
@@ -54,6 +54,17 @@ def test_engine_cuts_spans_to_what_fits_the_frame_and_reports_it(model: LoadedMo
     with Engine(model, GREEDY, max_span_frames=200) as engine:
         assert engine.span_frame_cap == 200
         assert not engine.prepare_span("The museum opens at nine.").truncated
+
+
+def test_a_cap_of_zero_drops_every_span_with_its_reason(model: LoadedModel) -> None:
+    # A host where even a 3-frame span and its step take 120 ms: no span fits an 80 ms frame.
+    cost = PrefillCost(step_s=0.050, span_s={1: 0.120, 640: 2.0})
+    with Engine(model, GREEDY, max_span_frames=640, cost=cost) as engine:
+        assert engine.span_frame_cap == 0
+        built = engine.prepare_span("The museum opens at nine.")
+        assert built.block is None and built.reason == NO_FRAME_BUDGET
+    assert no_span_budget_warning(cost, 0.080).startswith(
+        "no span fits the frame: a 3-frame span and the next step were measured at 125.9 ms, over the 80.0 ms left")
 
 
 def test_moshi_7b_profile_has_the_real_architecture() -> None:

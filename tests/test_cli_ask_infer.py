@@ -42,7 +42,8 @@ def test_ask_says_no_span_for_what_no_tool_answers(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_infer_writes_a_recording_and_span_events(tmp_path: Path) -> None:
     speech = np.concatenate([silence(0.3), speak("What is twelve times seven?", tmp_path / "q.wav")])
-    pcm = np.concatenate([speech, silence(3.0)])
+    # 12 s after the question: room for a slow host's Whisper and agent before the input ends.
+    pcm = np.concatenate([speech, silence(12.0)])
     source = tmp_path / "in.wav"
     with wave.open(str(source), "wb") as w:
         w.setnchannels(1)
@@ -52,7 +53,8 @@ def test_infer_writes_a_recording_and_span_events(tmp_path: Path) -> None:
     ret = len(speech) // FRAME_SAMPLES + 10
     out, events = tmp_path / "out.wav", tmp_path / "events.json"
     done = contextspan("infer", str(source), "--out", str(out), "--events", str(events), "--ret-frames", str(ret),
-                       "--realtime", cwd=tmp_path)
+                       "--realtime", "--span-cap", "fixed", "--span-deadline-s", "30", "--question-wait-s", "5",
+                       cwd=tmp_path)
     assert "1 span(s) injected" in done.stdout
     frames = len(pcm) // FRAME_SAMPLES
     with wave.open(str(out)) as w:

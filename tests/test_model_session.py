@@ -78,3 +78,21 @@ def test_persona_block_takes_the_voice_from_the_model(model: LoadedModel) -> Non
     assert torch.equal(prefix.block.tokens[1 : 1 + model.span.agent_codebooks, :4], codes)
     with pytest.raises(PersonaError, match="neither codes nor embeddings"):
         build_persona_block(voiced, "hi", "broken", 640)
+
+
+def test_voice_prompts_by_format() -> None:
+    model = load_model("tiny-contextspan", device="cpu", dtype=torch.float32)
+    codes = model.voice_prompts["tiny-codes"].codes
+    assert codes is not None
+    prefix = build_persona_block(model, "hi", "tiny-codes", 640)
+    assert prefix is not None and torch.equal(prefix.block.tokens[1 : 1 + model.span.agent_codebooks, : codes.shape[1]],
+                                              codes)
+    replayed = build_persona_block(model, "hi", "tiny-embeddings", 640)
+    assert replayed is not None and replayed.embeddings is not None
+    session = ModelSession(model, span_deadline_s=2.5)
+    session.open(replayed)
+    try:
+        assert session.engine.offset == replayed.frames
+        assert session.step(frame(0), None).agent_pcm is not None
+    finally:
+        session.close()

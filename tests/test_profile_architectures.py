@@ -17,7 +17,7 @@ from frontend_model.block import Block, Prefix
 from frontend_model.depformer import run_depformer_for_agent_only
 from frontend_model.engine import GREEDY, Engine
 from frontend_model.loading import LoadedModel, load_model
-from frontend_model.profiles import MOSHI_DELAYS, PROFILES, TINY_LM_CONFIG, moshi_7b_lm_config
+from frontend_model.profiles import MOSHI_DELAYS, PROFILE_LAYOUTS, PROFILES, TINY_LM_CONFIG, moshi_7b_lm_config
 from frontend_model.span_block import placeholder_rows, silence_frames
 
 REDUCED = {
@@ -27,7 +27,7 @@ REDUCED = {
 
 
 def personaplex_family(profile: str) -> bool:
-    return "personaplex" in profile or profile == "contextspan"
+    return PROFILE_LAYOUTS.get(profile) in ("personaplex", "contextspan")
 
 
 def architecture(profile: str) -> dict[str, Any]:

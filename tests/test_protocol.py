@@ -54,6 +54,34 @@ def test_bad_client_json(text: str, code: str) -> None:
     assert err.value.code == code
 
 
+def test_span_inject_parses() -> None:
+    message = p.parse_client_text('{"type": "span.inject", "text": "Table booked for 8 pm.", "source": "bookings"}')
+    assert isinstance(message, p.SpanInject)
+    assert (message.text, message.source) == ("Table booked for 8 pm.", "bookings")
+    assert p.parse_client_text('{"type": "span.inject", "text": "x"}').source is None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("message", "code"), [
+    ({"type": "span.inject"}, "invalid_message"),
+    ({"type": "span.inject", "text": ""}, "invalid_message"),
+    ({"type": "span.inject", "text": 42}, "invalid_message"),
+    ({"type": "span.inject", "text": "hi", "persona": "x"}, "invalid_message"),
+    ({"type": "span.inject", "text": "hi", "source": "s" * 201}, "invalid_message"),
+    ({"type": "span.inject", "text": "a" * (p.MAX_APP_SPAN_CHARS + 1)}, "span_too_long"),
+    ({"type": "span.injected", "text": "hi"}, "unknown_type"),
+])
+def test_bad_span_inject(message: dict[str, object], code: str) -> None:
+    with pytest.raises(p.ProtocolError) as err:
+        p.parse_client_text(json.dumps(message))
+    assert err.value.code == code
+    assert "span.inject" in str(err.value) or code == "unknown_type"
+
+
+def test_span_inject_at_the_limit_is_accepted() -> None:
+    message = p.parse_client_text(json.dumps({"type": "span.inject", "text": "a" * p.MAX_APP_SPAN_CHARS}))
+    assert isinstance(message, p.SpanInject)
+
+
 def test_events_round_trip_and_omit_nulls() -> None:
     event = p.SpanInjected(t=1.28, text="Paris", source=None, frames=4, prefill_ms=3.1, latency_ms=40.0,
                            truncated=False, offset_before=10, offset_after=14)

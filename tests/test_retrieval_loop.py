@@ -106,6 +106,26 @@ def test_agent_pieces_become_one_turn_before_the_users_next_utterance() -> None:
                                                              ("agent", "Bye")]
 
 
+@pytest.mark.parametrize(("trigger", "utterance", "starts"), [
+    ("asr", "Hello there, what time is it in Tokyo right now? Thank you.", True),
+    ("asr", "Okay, thanks! That's all, goodbye.", False),
+    ("asr", "I like trains.", False),
+    ("ret", "What time is it in Tokyo?", False),  # only the model's <ret> starts one
+])
+def test_asr_trigger_starts_on_a_question_inside_the_utterance(trigger: str, utterance: str, starts: bool) -> None:
+    from backend_agent.asr.streaming import Transcript
+
+    async def run() -> bool:
+        retrieval = Retrieval("s1", "u1", Agent(build_catalogue()), ContextStore(":memory:"), None, lambda a: None,
+                              lambda e: None, lambda: 0.0, RetrievalConfig(trigger=trigger))  # type: ignore[arg-type]
+        retrieval.on_transcript(Transcript(utterance, True, 0.0, 2.0, 0.0))
+        started = retrieval.in_flight
+        await retrieval.close()
+        return started
+
+    assert asyncio.run(run()) is starts
+
+
 class SlowTranscriber:
     """Whisper on a starved machine: every transcription takes longer than the span deadline."""
 
@@ -137,3 +157,44 @@ def test_a_slow_asr_drops_the_span_at_the_deadline_not_later(tmp_path: Path) -> 
     assert not answers
     assert len(events) == 1 and isinstance(events[0], p.SpanDropped) and events[0].reason.startswith("late"), events
     assert 0.5 <= elapsed < 1.0, elapsed
+
+
+def test_ret_while_the_final_is_still_being_transcribed_waits_for_it(tmp_path: Path) -> None:
+    """A slow host: the utterance has ended but its final transcript is still being computed when `<ret>` comes.
+    The question is that final, not a second transcription of the last seconds heard."""
+    calls: list[int] = []
+
+    def transcribe(audio: np.ndarray) -> str:
+        import time
+
+        calls.append(len(audio))
+        time.sleep(0.4)
+        return "What is two plus two?"
+
+    pcm = np.concatenate([silence(0.3), speak("What is two plus two?", tmp_path / "q.wav"), silence(1.0)])
+
+    async def run() -> tuple[list[SpanAnswer], list[Any]]:
+        answers: list[SpanAnswer] = []
+        events: list[Any] = []
+        with ThreadPoolExecutor(1) as pool:
+            retrieval: Retrieval
+            asr = StreamingASR(transcribe, pool, lambda t: retrieval.on_transcript(t),
+                               queue_frames=len(pcm) // 1920 + 1)
+            retrieval = Retrieval("s1", "u1", Agent(build_catalogue()), ContextStore(":memory:"), asr,
+                                  answers.append, events.append, lambda: 0.0, RetrievalConfig(question_wait_s=2.0))
+            asr.start()
+            for i in range(0, len(pcm) - 1919, 1920):
+                retrieval.feed(pcm[i : i + 1920])
+            while not asr._final_running:
+                await asyncio.sleep(0.005)
+            assert not asr._segmenter.in_speech and asr.awaiting_final
+            assert retrieval.trigger()
+            while not answers and not any(isinstance(e, p.SpanDropped) for e in events):
+                await asyncio.sleep(0.01)
+            await retrieval.close()
+        return answers, events
+
+    answers, events = asyncio.run(run())
+    assert len(answers) == 1, events
+    assert answers[0].question == "What is two plus two?" and answers[0].text == "2 plus 2 is 4."
+    assert "asr_ms" not in answers[0].timings_ms, "the last seconds were transcribed again instead of waiting"

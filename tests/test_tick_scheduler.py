@@ -8,7 +8,16 @@ import pytest
 
 from frontend_model.calibration import TickCost, tick_sizes
 from frontend_model.engine import PrefillCost
-from server.tick_scheduler import MARGIN_S, MAX_DEFERS, TickScheduler, Waiting, capacity
+from server.tick_scheduler import (
+    MARGIN_S,
+    MAX_DEFERS,
+    Capacity,
+    TickScheduler,
+    Waiting,
+    admission_log,
+    admit,
+    capacity,
+)
 
 BUDGET = 0.080
 
@@ -120,6 +129,34 @@ def test_admission_stops_where_the_tick_would_not_fit() -> None:
     assert tight.slots == 4
     assert tight.reason == "a tick of 5 would take 65 ms > 75% of the 80 ms frame"
     assert capacity(cost.tick, 0.020, 8).slots == 1  # one session always runs
+
+
+def test_admission_admits_k_when_the_tick_of_k_fits_and_k_plus_1_does_not() -> None:
+    limit = BUDGET * 0.75
+    for k in range(1, 7):
+        # A tick of k sessions just inside the limit, of k + 1 just over it.
+        ticks = {n: (limit - 0.001) * n / k if n <= k else limit + 0.001 * n for n in range(1, 9)}
+        admitted = capacity(ticks.__getitem__, BUDGET, 8)
+        assert admitted.slots == k, (k, admitted)
+        assert admitted.reason == f"a tick of {k + 1} would take {ticks[k + 1] * 1e3:.0f} ms > 75% of the 80 ms frame"
+
+
+def test_fixed_admission_takes_max_sessions_whatever_the_tick_costs() -> None:
+    slow = {1: 0.070, 2: 0.140, 3: 0.210}.__getitem__
+    fixed = admit("fixed", slow, BUDGET, 3)
+    assert fixed == Capacity(3, "max_sessions is 3 (admission fixed)")
+    assert admit("calibrated", slow, BUDGET, 3) == capacity(slow, BUDGET, 3) == Capacity(
+        1, "a tick of 2 would take 140 ms > 75% of the 80 ms frame")
+    # The startup line says what fixed admission overrides, so an operator sees the frames it will make late.
+    assert admission_log("fixed", fixed, slow, BUDGET) == (
+        "3 session(s) in one batch, tick 210.0 ms (max_sessions is 3 (admission fixed)); calibrated admission "
+        "would take 1: a tick of 2 would take 140 ms > 75% of the 80 ms frame")
+    fast = {1: 0.010, 2: 0.015, 3: 0.020}.__getitem__
+    assert admission_log("fixed", admit("fixed", fast, BUDGET, 3), fast, BUDGET) == (
+        "3 session(s) in one batch, tick 20.0 ms (max_sessions is 3 (admission fixed))")
+    calibrated = admit("calibrated", slow, BUDGET, 3)
+    assert admission_log("calibrated", calibrated, slow, BUDGET) == (
+        "1 session(s) in one batch, tick 70.0 ms (a tick of 2 would take 140 ms > 75% of the 80 ms frame)")
 
 
 def test_a_compact_tick_costs_the_rows_it_spans() -> None:

@@ -36,7 +36,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
 class _FreshFinal:
     """Stands in for the streaming ASR: a final utterance has just been heard."""
 
-    in_speech = False
+    awaiting_final = False
 
     def __init__(self, text: str) -> None:
         import time

@@ -53,7 +53,8 @@ function onEvent(event) {
       }
       if (event.random_weights) $("random-warning").hidden = false;
       addEvent(`session ${event.session_id} ready: ${event.prefix_frames} persona frames prefilled in `
-        + `${event.prefill_ms} ms`);
+        + `${event.prefill_ms} ms; retrieval starts on `
+        + (event.trigger === "ret" ? "the model's ⟨ret⟩" : "a question heard in your speech"));
       break;
     case "session.updated":
       addEvent(`profile sent: ${Object.values(event.profile ?? {}).join(", ") || "(empty)"}`);

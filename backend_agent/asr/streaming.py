@@ -53,6 +53,7 @@ class StreamingASR:
         self._queue: asyncio.Queue[np.ndarray] = asyncio.Queue(maxsize=queue_frames)
         self._task: asyncio.Task[None] | None = None
         self._busy: asyncio.Future[str] | None = None
+        self._final_running = False
         self.dropped_frames = 0
         self._finals = 0
         self.latest_final: Transcript | None = None
@@ -82,8 +83,9 @@ class StreamingASR:
         self._queue.put_nowait(pcm24k)
 
     @property
-    def in_speech(self) -> bool:
-        return self._segmenter.in_speech
+    def awaiting_final(self) -> bool:
+        """An utterance is going on, or has ended and its final transcript is still being computed (a slow host)."""
+        return self._segmenter.in_speech or self._final_running
 
     async def transcribe_recent(self, seconds: float) -> str:
         """Transcribe the last `seconds` heard, for a question whose utterance has not ended."""
@@ -107,7 +109,11 @@ class StreamingASR:
                         continue
                     busy = self._busy = loop.run_in_executor(self._executor, self._transcribe, event.audio)
                     if event.cue is Cue.FINAL:
-                        text = await busy
+                        self._final_running = True
+                        try:
+                            text = await busy
+                        finally:
+                            self._final_running = False
                         self._emit(Transcript(text, True, event.start_s, event.end_s, time.monotonic()))
                     else:
                         busy.add_done_callback(lambda f, e=event, n=self._finals: self._deliver_partial(e, n, f))

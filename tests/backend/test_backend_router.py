@@ -55,6 +55,66 @@ def test_answers(router: Router, question: str, tool: str, text: str) -> None:
     assert (answer.tool, answer.text) == (tool, text)
 
 
+@pytest.mark.parametrize(
+    ("utterance", "tool", "text"),
+    [
+        # time in a place
+        ("Hello there, what time is it in Tokyo right now? Thank you.", "time_in_place",
+         "It is 9:15 PM on Monday, November 30 in Tokyo."),
+        ("Hi. Um, what's the time in New York? Thanks.", "time_in_place",
+         "It is 7:15 AM on Monday, November 30 in New York."),
+        ("Okay, I have a question. What time is it in London at the moment?", "time_in_place",
+         "It is 12:15 PM on Monday, November 30 in London."),
+        ("I'm calling my sister later. Could you tell me what time it is in Sydney?", "time_in_place",
+         "It is 11:15 PM on Monday, November 30 in Sydney."),
+        ("Good morning! What time is it? Thank you so much.", "time_in_place",
+         "It is 1:15 PM on Monday, November 30 in Paris."),
+        # date
+        ("Hey, quick question, what day is it today?", "date", "Today is Monday, November 30, 2026 in Paris."),
+        ("I'm flying out soon. What's the date tomorrow in Tokyo? Thanks a lot.", "date",
+         "Tomorrow is Tuesday, December 1, 2026 in Tokyo."),
+        ("Hello. What day of the week is July 4, 2026? Thank you.", "date", "July 4, 2026 was a Saturday."),
+        # arithmetic
+        ("Hello there, what is twelve times seven? Thank you.", "arithmetic", "12 times 7 is 84."),
+        ("Hi, um, can you tell me what's fifteen percent of eighty?", "arithmetic", "15 percent of 80 is 12."),
+        ("So I was doing my taxes. What is 250 divided by 4? Thanks.", "arithmetic", "250 divided by 4 is 62.5."),
+        ("Okay. What's, uh, nine plus ten?", "arithmetic", "9 plus 10 is 19."),
+        # unit conversion
+        ("Hey there! How many kilometres are in ten miles? That's all.", "unit_conversion",
+         "10 miles is 16.0934 kilometres."),
+        ("Good afternoon, convert 5 feet to cm, please. Thank you.", "unit_conversion",
+         "5 feet is 152.4 centimetres."),
+        ("I'm baking a cake. How many grams are in two pounds? Cheers.", "unit_conversion",
+         "2 pounds is 907.185 grams."),
+        ("Hello. Convert 100 fahrenheit to celsius for me.", "unit_conversion",
+         "100 degrees fahrenheit is 37.7778 degrees celsius."),
+    ],
+)  # fmt: skip
+def test_answers_the_question_inside_a_whole_utterance(router: Router, utterance: str, tool: str, text: str) -> None:
+    answer = router.answer(utterance)
+    assert answer is not None, utterance
+    assert (answer.tool, answer.text) == (tool, text)
+
+
+@pytest.mark.parametrize(
+    "utterance",
+    ["Hello there, when does the museum open? Thank you.", "Hi. Quick question. What time does the museum close?",
+     "We are visiting tomorrow. Do you know when the museum opens? Thanks."],
+)
+def test_knowledge_base_inside_a_whole_utterance(router: Router, utterance: str) -> None:
+    answer = router.answer(utterance)
+    assert answer is not None and (answer.tool, answer.source) == ("knowledge_base", "museum.md")
+
+
+@pytest.mark.parametrize("utterance", ["Thank you.", "Hello there, thanks!", "Okay. That's all, goodbye."])
+def test_pleasantries_get_no_span_even_from_the_knowledge_base(utterance: str) -> None:
+    knowledge = KnowledgeBase()
+    knowledge.add_document("manners.md", "Say thank you and hello and goodbye: that's all there is to good manners.")
+    router = Router(build_catalogue(clock=lambda: NOW, knowledge=knowledge))
+    assert router.answer(utterance) is None
+    assert router.answer("What is there to good manners?") is not None  # the document is found when asked
+
+
 def test_time_agrees_with_zoneinfo(router: Router) -> None:
     local = NOW.astimezone(ZoneInfo("Australia/Sydney"))
     answer = router.answer("what is the current time in sydney")

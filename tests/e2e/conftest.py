@@ -15,7 +15,8 @@ from .servers import RunningServer, espeak_wav, start_server, stop_server
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_server(tmp_path_factory.mktemp("server"), "--max-sessions", "2")
+    # No test of this server needs Whisper, which would only take CPU from the sessions on a small host.
+    running = start_server(tmp_path_factory.mktemp("server"), "--max-sessions", "2", "--no-asr")
     yield running
     stop_server(running)
 

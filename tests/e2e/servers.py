@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -24,6 +24,15 @@ if TYPE_CHECKING:
     from server.app import ServerState
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
+
+# Tests state the capacity and span length they need: a calibrated server on a slow host admits fewer sessions
+# and cuts spans shorter than a test expects (calibrated admission and caps have their own tests, with injected costs).
+PINNED_FLAGS = ("--admission", "fixed", "--span-cap", "fixed")
+
+
+def pinned_settings(**fields: Any) -> ServerSettings:
+    """Settings for an in-process test server on a free port, with admission and span cap pinned."""
+    return ServerSettings(**{"port": client.free_port(), "admission": "fixed", "span_cap": "fixed", **fields})
 
 
 @dataclass
@@ -89,7 +98,8 @@ def start_server(tmp: Path, *flags: str, ready_timeout: float = 120.0, faults: s
     """`faults` (see faulty_server.py) runs the same server with those faults injected."""
     recordings = tmp / "recordings"
     module = "tests.e2e.faulty_server" if faults else "server.cli"
-    process, http = client.start_server(tmp, "--recordings-dir", str(recordings), "--log-level", "info", *flags,
+    process, http = client.start_server(tmp, *PINNED_FLAGS, "--recordings-dir", str(recordings), "--log-level", "info",
+                                        *flags,
                                         ready_timeout=ready_timeout, module=module, env={"FAULTS": faults})
     return RunningServer(http, "ws" + http.removeprefix("http"), recordings, process, tmp / "server.log")
 

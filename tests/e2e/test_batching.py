@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
+import logging
 import time
 from pathlib import Path
 
@@ -13,13 +13,15 @@ import pytest
 import websockets
 from prometheus_client import Histogram
 
+from frontend_model.calibration import TickCost
+from frontend_model.engine import PrefillCost
 from frontend_model.loading import load_model
+from server import app as app_module
 from server import protocol as p
-from server.client import chat_url, free_port, stream
-from server.settings import ServerSettings
+from server.client import chat_url, stream
 
 from .pace import assert_kept_pace
-from .servers import in_process_server
+from .servers import in_process_server, pinned_settings
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +32,7 @@ def count_and_sum(histogram: Histogram) -> tuple[float, float]:
 
 
 def test_three_sessions_share_ticks_and_keep_pace(tmp_path: Path, speech: np.ndarray) -> None:
-    settings = ServerSettings(port=free_port(), recordings_dir=tmp_path / "rec", max_sessions=3, asr=False)
+    settings = pinned_settings(recordings_dir=tmp_path / "rec", max_sessions=3, asr=False)
     with in_process_server(settings, load_model("tiny")) as server:
         assert server.state.batcher is not None and server.state.batcher.size == 3
 
@@ -47,10 +49,21 @@ def test_three_sessions_share_ticks_and_keep_pace(tmp_path: Path, speech: np.nda
     assert ticks < 0.9 * frames_in_ticks, f"{ticks:.0f} ticks for {frames_in_ticks:.0f} frames: few were shared"
 
 
-def test_admission_refuses_with_1013_when_the_tick_would_not_fit(tmp_path: Path, speech: np.ndarray) -> None:
-    # A 20 ms frame budget: a tick of two tiny sessions (tens of ms on a CPU) cannot fit 75 % of it.
-    settings = ServerSettings(port=free_port(), recordings=False, max_sessions=4, asr=False, deadline_ms=20)
-    with in_process_server(settings, load_model("tiny")) as server:
+def test_admission_refuses_with_1013_when_the_tick_would_not_fit(tmp_path: Path, speech: np.ndarray,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Calibrated admission and span cap with injected costs (a tick of 2 takes 70 ms, over 75 % of the 80 ms frame;
+    a span prefill takes 500 ms): one slot, the second session refused with the reason, and the startup log says
+    both. The host's own speed plays no part."""
+    injected = TickCost({1: 0.030, 2: 0.070, 4: 0.120, 5: 0.140}, PrefillCost(0.020, {1: 0.5, 640: 5.0}))
+
+    async def calibrate(*_: object) -> TickCost:
+        return injected
+
+    monkeypatch.setattr(app_module, "calibrate", calibrate)
+    settings = pinned_settings(recordings=False, max_sessions=4, asr=False, admission="calibrated",
+                               span_cap="calibrated")
+    with caplog.at_level(logging.INFO, logger="server.app"), in_process_server(settings, load_model("tiny")) as server:
         assert server.state.batcher is not None and server.state.batcher.size == 1
 
         async def run() -> tuple[int | None, str]:
@@ -66,14 +79,20 @@ def test_admission_refuses_with_1013_when_the_tick_would_not_fit(tmp_path: Path,
     assert code == p.CLOSE_TRY_AGAIN
     refusal = json.loads(reason)
     assert refusal["error"] == "at_capacity"
-    assert re.fullmatch(r"all 1 slots busy; a tick of 2 would take \d+ ms > 75% of the 20 ms frame", refusal["message"])
+    assert refusal["message"] == "all 1 slots busy; a tick of 2 would take 70 ms > 75% of the 80 ms frame"
+    assert any(r.getMessage().endswith(
+        ": 1 session(s) in one batch, tick 30.0 ms (a tick of 2 would take 70 ms > 75% of the 80 ms frame)")
+        for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert any(r.levelno == logging.WARNING and r.getMessage().startswith(
+        "no span fits the frame: a 3-frame span and the next step were measured at 514.1 ms, over the 70.0 ms left")
+        for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
 @pytest.mark.parametrize("align", [True, False])
 def test_a_joining_session_ends_its_frames_with_the_others(tmp_path: Path, speech: np.ndarray, align: bool) -> None:
     """Two clients sending 40 ms pages, the second 20 ms out of phase: with alignment the server puts 40 ms of
     silence ahead of the second one's audio, so its frames end 20 ms before the first's instead of 20 ms after."""
-    settings = ServerSettings(port=free_port(), recordings_dir=tmp_path / "rec", max_sessions=2, asr=False,
+    settings = pinned_settings(recordings_dir=tmp_path / "rec", max_sessions=2, asr=False,
                               align_phases=align)
     with in_process_server(settings, load_model("tiny")) as server:
         batcher = server.state.batcher

@@ -20,10 +20,9 @@ import websockets
 
 from frontend_model.loading import load_model
 from server import protocol as p
-from server.client import chat_url, free_port
-from server.settings import ServerSettings
+from server.client import chat_url
 
-from .servers import InProcessServer, in_process_server
+from .servers import InProcessServer, in_process_server, pinned_settings
 
 pytestmark = pytest.mark.slow
 CYCLES = 500
@@ -73,7 +72,7 @@ async def cycle(server: InProcessServer, pcm: np.ndarray, rng: random.Random) ->
 
 
 def test_connect_disconnect_cycles_do_not_grow_memory(tmp_path: Path, speech: np.ndarray) -> None:
-    settings = ServerSettings(port=free_port(), max_sessions=CLIENTS, recordings=False, asr=False)
+    settings = pinned_settings(max_sessions=CLIENTS, recordings=False, asr=False)
     rng = random.Random(7)
     with in_process_server(settings, load_model("tiny")) as server:
         asked: set[str] = set()

@@ -22,18 +22,18 @@ import pytest
 from frontend_model.loading import load_model
 from server import protocol as p
 from server.batcher import Batcher
-from server.client import StreamResult, chat_url, free_port, stream
+from server.client import StreamResult, chat_url, stream
 from server.settings import ServerSettings
 
 from .faulty_server import break_slot_frame
 from .pace import assert_kept_pace
-from .servers import RunningServer, in_process_server, start_server, stop_server
+from .servers import RunningServer, in_process_server, pinned_settings, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
 
 def settings_for(tmp: Path, **overrides: Any) -> ServerSettings:
-    return ServerSettings(port=free_port(), recordings_dir=tmp / "rec", max_sessions=2, **overrides)
+    return pinned_settings(recordings_dir=tmp / "rec", max_sessions=2, **overrides)
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, load_model
-from server.client import chat_url, free_port, stream
-from server.settings import ServerSettings
+from server.client import chat_url, stream
 
-from .servers import RunningServer, in_process_server
+from .servers import RunningServer, in_process_server, pinned_settings
 
 pytestmark = pytest.mark.slow
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
@@ -76,7 +75,7 @@ def test_binary_only_moshi_flow(server: RunningServer, speech: np.ndarray) -> No
 
 @pytest.fixture(scope="module")
 def inproc_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, object, asyncio.AbstractEventLoop]]:
-    settings = ServerSettings(port=free_port(), recordings_dir=tmp_path_factory.mktemp("rec"), max_sessions=1)
+    settings = pinned_settings(recordings_dir=tmp_path_factory.mktemp("rec"), max_sessions=1)
     with in_process_server(settings, load_model("tiny")) as running:
         yield running.ws, running.state, running.loop
 

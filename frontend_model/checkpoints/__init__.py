@@ -1,0 +1,1 @@
+"""Reading checkpoints from disk in the file layouts they are released in (Kyutai, PersonaPlex, Context Spanning)."""

@@ -1,0 +1,6 @@
+"""Mimi's audio frame: 24 kHz mono, 12.5 frames a second, so one frame (one LM step) is 1920 samples, 80 ms."""
+
+from __future__ import annotations
+
+SAMPLE_RATE = 24000
+FRAME_SAMPLES = 1920
