@@ -19,13 +19,14 @@ from .servers import start_server, stop_server
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("profile", ["personaplex", "contextspan"])
-def test_serves_a_checkpoint_in_its_layout(tmp_path: Path, profile: Layout) -> None:
+# Each layout with the voice format its release ships: PersonaPlex's replayed embeddings, Context Spanning's codes.
+@pytest.mark.parametrize(("profile", "voice"), [("personaplex", "tiny-embeddings"), ("contextspan", "tiny-codes")])
+def test_serves_a_checkpoint_in_its_layout(tmp_path: Path, profile: Layout, voice: str) -> None:
     checkpoint = write_tiny_checkpoint(profile, tmp_path / "checkpoint")
     server = start_server(tmp_path, "--profile", profile, "--checkpoint", str(checkpoint), "--no-asr")
     try:
         pcm = (0.05 * np.random.default_rng(0).standard_normal(2 * SAMPLE_RATE)).astype(np.float32)
-        url = chat_url(server.ws, events=True, voice="tiny-codes", persona="Ada")
+        url = chat_url(server.ws, events=True, voice=voice, persona="Ada")
         result = asyncio.run(stream(url, pcm))
     finally:
         stop_server(server)
