@@ -133,8 +133,9 @@ def voice_part(
     if voice.embeddings is None or voice.cache is None:
         raise ValueError(f"voice {voice.name} holds neither codes nor embeddings with their cache")
     ring = voice.cache.to(torch.long).reshape(voice.cache.shape[-2], voice.cache.shape[-1])
-    if ring.shape[0] != span.num_rows:
-        raise ValueError(f"voice {voice.name}: cache has {ring.shape[0]} rows, the model {span.num_rows}")
+    if ring.shape[0] != span.num_rows or len(delays) != span.num_rows:
+        raise ValueError(f"voice {voice.name}: a cache of {ring.shape[0]} rows and {len(delays)} delays, "
+                         f"the model has {span.num_rows} rows")
     replayed = voice.frames
     here, after = ring[:, replayed % ring.shape[1]], ring[:, (replayed + 1) % ring.shape[1]]
     frame = torch.where(torch.tensor(list(delays)) > 0, after, here)
