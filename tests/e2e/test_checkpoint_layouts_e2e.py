@@ -4,12 +4,14 @@ file layouts, to a real client on loopback: handshake after the voice + persona 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
+from frontend_model.loading import load_model
 from frontend_model.profiles import Layout
 from frontend_model.tiny_checkpoints import write_tiny_checkpoint
 from server.client import chat_url, stream
@@ -19,19 +21,41 @@ from .servers import start_server, stop_server
 pytestmark = pytest.mark.slow
 
 
-# Each layout with the voice format its release ships: PersonaPlex's replayed embeddings, Context Spanning's codes.
-@pytest.mark.parametrize(("profile", "voice"), [("personaplex", "tiny-embeddings"), ("contextspan", "tiny-codes")])
-def test_serves_a_checkpoint_in_its_layout(tmp_path: Path, profile: Layout, voice: str) -> None:
-    checkpoint = write_tiny_checkpoint(profile, tmp_path / "checkpoint")
-    server = start_server(tmp_path, "--profile", profile, "--checkpoint", str(checkpoint), "--no-asr")
+# Each layout with the voice format its release ships (PersonaPlex's replayed embeddings, Context Spanning's codes),
+# the other format too, and Context Spanning weights as a compiled training run saves them (`_orig_mod.` keys).
+@pytest.mark.parametrize(("profile", "voice", "compiled_keys"), [
+    ("personaplex", "tiny-embeddings", False),
+    ("personaplex", "tiny-codes", False),
+    ("contextspan", "tiny-codes", False),
+    ("contextspan", "tiny-embeddings", True),
+])
+def test_serves_a_checkpoint_in_its_layout(tmp_path: Path, profile: Layout, voice: str, compiled_keys: bool) -> None:
+    checkpoint = write_tiny_checkpoint(profile, tmp_path / "checkpoint", compiled_keys=compiled_keys)
+    server = start_server(tmp_path, "--profile", profile, "--checkpoint", str(checkpoint), "--no-asr",
+                          "--app-spans", "on")
+    inject = json.dumps({"type": "span.inject", "text": "The museum opens at nine.", "source": "test"})
     try:
         pcm = (0.05 * np.random.default_rng(0).standard_normal(2 * SAMPLE_RATE)).astype(np.float32)
         url = chat_url(server.ws, events=True, voice=voice, persona="Ada")
-        result = asyncio.run(stream(url, pcm))
+        result = asyncio.run(stream(url, pcm, texts=[(0.8, inject)],
+                                    until=lambda r: bool(r.of_type("span.injected") or r.of_type("span.dropped"))))
     finally:
         stop_server(server)
-    frames = len(pcm) // FRAME_SAMPLES
-    assert result.handshake_s is not None and result.frames_sent == frames
-    assert abs(result.audio_messages - frames) <= 1, (result.audio_messages, frames)
+    assert result.handshake_s is not None and result.frames_sent >= len(pcm) // FRAME_SAMPLES
+    assert abs(result.audio_messages - result.frames_sent) <= 1, (result.audio_messages, result.frames_sent)
     ready = result.of_type("session.ready")
     assert len(ready) == 1 and ready[0].profile == profile and not ready[0].random_weights
+    # The handshake came after the voice, silence, `<system> Ada <system>` and silence frames were prefilled.
+    model = load_model(profile, str(checkpoint), device="cpu")
+    prompt = model.voice_prompts[voice]
+    # A codes voice is one frame a code column; an embeddings voice its replayed columns and the restored one.
+    voice_frames = prompt.codes.shape[1] if prompt.codes is not None else prompt.embeddings.shape[0] + 1
+    silence = model.span.prefix_silence_frames
+    persona_frames = len(model.tokenizer.encode("<system> Ada <system>"))
+    assert ready[0].prefix_frames == voice_frames + 2 * silence + persona_frames, (ready[0], voice_frames)
+    assert ready[0].prefill_ms > 0
+    spans = result.of_type("span.injected")
+    assert len(spans) == 1, result.events
+    span = spans[0]
+    assert span.text == "The museum opens at nine." and span.source == "test" and span.tool == "app"
+    assert span.offset_before > ready[0].prefix_frames and span.offset_after - span.offset_before == span.frames
