@@ -3,7 +3,8 @@
 Per n: one-pass injection + the next step (mean +- std, P99), the same span columns fed one by one (T=1 each), the
 speed-up of one pass over column-by-column feeding, and the max abs difference of the next-step text logits between
 them.
-Also the cost of one whole frame (Mimi encode + LM step + Mimi decode) at batch 1.
+Also the cost of one whole frame (Mimi encode + LM step + Mimi decode) at batch 1, and for PersonaPlex-family models
+the step with the depformer run for the agent codebooks only (as served) next to all 16 (as the reference runs it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from moshi.models.lm import LMGen
 
 from benchmarks.report import machine_info, save_json
 from frontend_model.block import Block
@@ -112,6 +114,31 @@ def measure_frame(model: LoadedModel, repeats: int) -> list[float]:
         codec.close()
 
 
+def measure_depformer(model: LoadedModel, repeats: int) -> dict[str, Any] | None:
+    """A plain LM step with the depformer run for the agent codebooks only (as served) and for every codebook the
+    checkpoint predicts (as PersonaPlex's runtime runs it): timing only, the second step's outputs are not used."""
+    served, trained = model.lm.dep_q, model.span.dep_q
+    if trained == served:
+        return None
+    sync = device_sync(model.device)
+    user = torch.tensor(model.span.sine_codes, device=model.device)[None, :, None]
+
+    def steps(dep_q: int) -> list[float]:
+        model.lm.dep_q = dep_q
+        try:
+            gen = LMGen(model.lm, use_sampling=False)
+            with gen.streaming(1):
+                for _ in range(WARM_STEPS):
+                    gen.step(user)
+                return [time_call(lambda: gen.step(user), sync) for _ in range(repeats)]
+        finally:
+            model.lm.dep_q = served
+
+    agent_only, every = steps(served), steps(trained)
+    return {"codebooks": [served, trained], "step_agent_only": summarise(agent_only),
+            "step_all_codebooks": summarise(every), "ratio": statistics.mean(every) / statistics.mean(agent_only)}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     model = load_model(args.profile, args.checkpoint, device=args.device, context=args.context, reduced=args.reduced)
     frames = sorted(set(args.frames))
@@ -134,6 +161,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": str(model.lm.dtype),
         "machine": machine_info(str(model.device)),
         "frame": summarise(measure_frame(model, args.repeats)),
+        "depformer": measure_depformer(model, args.repeats),
         "rows": rows,
     }
 
@@ -164,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     f = result["frame"]
     print(f"whole frame (encode + step + decode): median {f['p50_ms']:.2f} ms, P99 {f['p99_ms']:.2f} ms")
+    if result["depformer"] is not None:
+        d = result["depformer"]
+        print(f"LM step, depformer for {d['codebooks'][0]} codebooks: mean {d['step_agent_only']['mean_ms']:.2f} ms; "
+              f"for all {d['codebooks'][1]}: {d['step_all_codebooks']['mean_ms']:.2f} ms ({d['ratio']:.2f}x)")
     save_json(args.json, result)
     return 0
 
