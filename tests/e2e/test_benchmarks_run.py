@@ -43,6 +43,14 @@ def test_bench_load_measures_every_frame(tmp_path: Path, phases: str, page_ms: s
     assert report["server_rss_mb"]["max"] is not None
 
 
+def test_bench_load_serves_the_personaplex_family(tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    bench("load", "--profile", "tiny-personaplex", "--sessions", "2", "--seconds", "3", "--no-asr", "--json", str(out))
+    report = json.loads(out.read_text())
+    assert report["profile"] == "tiny-personaplex" and report["sessions"] == 2
+    assert report["frames_sent"] - 2 <= report["frames_measured"] <= report["frames_sent"] == 2 * 37
+
+
 def test_bench_faults_reports_each_scenario(tmp_path: Path) -> None:
     out = tmp_path / "faults.json"
     bench("faults", "--seconds", "8", "--scenarios", "no fault,LLM HTTP 500", "--json", str(out))

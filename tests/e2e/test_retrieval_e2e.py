@@ -21,7 +21,7 @@ from .servers import start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
-DEADLINE_S = 10.0  # for spans that must land: Whisper's speed on this host must not decide the outcome
+DEADLINE_S = 10.0  # span deadline: the outcome a test checks must not depend on how fast this host runs Whisper
 
 
 def question_audio(tmp: Path, text: str) -> tuple[np.ndarray, int]:
@@ -93,9 +93,10 @@ def test_failing_llm_drops_the_span_and_keeps_every_frame(
     url, script = llm
     script.mode = mode
     pcm, ret_frame = question_audio(tmp_path, "What is the weather like in Paris?")
-    result = run_session(tmp_path, pcm, ret_frame, "--llm-base-url", url)
+    # The LLM's failure, not a slow host's Whisper, must decide the outcome: the deadline is out of its reach.
+    result = run_session(tmp_path, pcm, ret_frame, "--llm-base-url", url, "--span-deadline-s", str(DEADLINE_S))
     assert not result.of_type("span.injected")
     dropped = result.of_type("span.dropped")
-    assert len(dropped) == 1 and reason in dropped[0].reason
-    assert dropped[0].latency_ms <= 2600
+    assert len(dropped) == 1 and reason in dropped[0].reason, dropped
+    assert dropped[0].latency_ms <= DEADLINE_S * 1e3 + 100, "dropped at the deadline at the latest"
     assert_kept_pace(result, min_frames=50)
