@@ -21,6 +21,7 @@ from frontend_model.engine import (
     StepResult,
 )
 from frontend_model.loading import LoadedModel
+from frontend_model.row_sampling import RowSampling
 from frontend_model.row_view import active_rows, rows
 
 
@@ -46,11 +47,13 @@ class BatchEngine(Engine):
         return int(self._state().offsets[slot])
 
     @torch.no_grad()
-    def reset_slot(self, slot: int) -> None:
-        """A new session takes `slot`: its state starts fresh, the other slots' states are untouched."""
+    def reset_slot(self, slot: int, sampling: RowSampling | None = None) -> None:
+        """A new session takes `slot`: its state starts fresh with its sampling (the engine's default when None,
+        with fresh random seeds), the other slots' states are untouched."""
         self._require_running("reset_slot")
         state = self._state()
         mask = self._one_hot(slot)
+        self._sampler().set_row(slot, sampling or RowSampling.from_config(self.sampling))
         offset_cpu = state.offset_cpu
         self.lm_gen.reset_streaming(mask)
         # LMGen counts global steps in offset_cpu only to hold back its very first outputs; per-slot offsets do
@@ -66,7 +69,7 @@ class BatchEngine(Engine):
         active = active.to(self.model.device, torch.bool)
         self.lm_gen.set_exec_mask(active)
         lo, hi = active_rows(active, self.compact)
-        with rows([self.lm_gen], lo, hi):
+        with rows([self.lm_gen], lo, hi), self._sampler().installed(active, lo, hi):
             out = self.lm_gen.step(user_codes.to(self.model.device, torch.long)[lo:hi, :, None])
         self.steps += 1
         results: list[StepResult | None] = []

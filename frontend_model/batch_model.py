@@ -18,6 +18,7 @@ from frontend_model.block import Block, Prefix
 from frontend_model.codec import BatchFrameCodec
 from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, FRAME_S, SAMPLED, PrefillCost, SamplingConfig
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel
+from frontend_model.row_sampling import RowSampling
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,10 @@ class BatchedModel:
         for _ in range(ticks):
             self.tick(frames)
 
-    def open_slot(self, slot: int, prefix: Prefix | None) -> float:
-        """A session takes `slot`: fresh state for it, then its persona prefix; returns the prefill seconds."""
-        self.engine.reset_slot(slot)
+    def open_slot(self, slot: int, prefix: Prefix | None, sampling: RowSampling | None = None) -> float:
+        """A session takes `slot`: fresh state and its sampling, then its persona prefix; returns the prefill
+        seconds."""
+        self.engine.reset_slot(slot, sampling)
         self.codec.reset_slot(slot)
         self.frames_stepped[slot] = 0
         if prefix is None:

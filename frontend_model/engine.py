@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 from moshi.models.lm import LMGen
-from moshi.utils.sampling import sample_token
 
 from frontend_model.block import Block, Prefix
 from frontend_model.columns import delayed_columns, embed_columns, forward_embeddings, initial_columns
 from frontend_model.kv_ring import widen_kv_rings
 from frontend_model.loading import LoadedModel
+from frontend_model.row_sampling import RowSampler, RowSampling, SamplingConfig, Stream
 from frontend_model.row_view import rows
 from frontend_model.span_block import MIN_SPAN_FRAMES, SpanBuild, build_span, forbidden_ids
 
@@ -47,15 +47,6 @@ class StepResult:
 
     text_token: int | None
     agent_codes: torch.Tensor | None  # [agent codebooks] int64
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    use_sampling: bool = True
-    temp: float = 0.8
-    temp_text: float = 0.7
-    top_k: int = 250
-    top_k_text: int = 25
 
 
 GREEDY = SamplingConfig(use_sampling=False)
@@ -137,14 +128,14 @@ class Engine:
         self._suppressed = torch.tensor(suppressed, device=model.device) if suppressed else None
         self.lm_gen = LMGen(
             model.lm,
-            use_sampling=sampling.use_sampling,
-            temp=sampling.temp,
-            temp_text=sampling.temp_text,
-            top_k=sampling.top_k,
-            top_k_text=sampling.top_k_text,
+            use_sampling=True,
+            temp=Stream.AUDIO,  # the row sampler's markers: each row samples with its own settings
+            temp_text=Stream.TEXT,
             on_text_logits_hook=self._on_text_logits,
         )
         self.slots = 1
+        self.sampling = sampling
+        self.sampler: RowSampler | None = None
         self.last_text_logits: torch.Tensor | None = None
         self.kv_capacity = 0
         self.steps = 0
@@ -160,6 +151,7 @@ class Engine:
         if self._started:
             raise EngineStateError("engine already started")
         self._stream = self.lm_gen.streaming(self.slots)
+        self.sampler = RowSampler(self.slots, RowSampling.from_config(self.sampling), self.model.device)
         self.kv_capacity = widen_kv_rings(self.model.lm.transformer, self.max_span_frames)
         self._started = True
 
@@ -196,7 +188,8 @@ class Engine:
     def step(self, user_codes: torch.Tensor) -> StepResult:
         """Feed one frame of user codes ([user codebooks]); sample one text token and the agent's codes."""
         self._require_running("step")
-        out = self.lm_gen.step(self._user_column(user_codes))
+        with self._sampler().installed(self._state().exec_mask):
+            out = self.lm_gen.step(self._user_column(user_codes))
         self.steps += 1
         if out is None:
             return StepResult(None, None)
@@ -231,6 +224,11 @@ class Engine:
         self._prefill(prefix, one_pass=False)
 
     # internals -----------------------------------------------------------------------------------------
+    def _sampler(self) -> RowSampler:
+        if self.sampler is None:
+            raise EngineStateError("engine not started")
+        return self.sampler
+
     def _state(self) -> Any:
         state = self.lm_gen._streaming_state
         if state is None:
@@ -320,9 +318,9 @@ class Engine:
         # next column; its acoustic rows (agent and user, delay 1) are the last frame's.
         logits = text_logits[:, :, -1:]
         self._on_text_logits(logits)
-        text = sample_token(logits.float(), self.lm_gen.use_sampling, self.lm_gen.temp_text, self.lm_gen.top_k_text)
-        text = text[:, 0, 0]
-        semantic = self.lm_gen.depformer_step(text, out[:, -1:])[:, 0]
+        with self._sampler().installed(self._state().exec_mask, lo, hi):
+            text = self._sampler().sample(logits, Stream.TEXT)[:, 0, 0]
+            semantic = self.lm_gen.depformer_step(text, out[:, -1:])[:, 0]
         # The ring as LMGen's step on the last column leaves it: that column, then the next one but for the user
         # rows a step reads from its own input.
         ring = state.cache[lo:hi]

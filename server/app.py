@@ -343,7 +343,12 @@ async def serve_session(ws: WebSocket, state: ServerState) -> None:
         reason = state.load_error or "the model is still loading"
         await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason("not_ready", reason))
         return
-    options = SessionOptions.from_query(dict(ws.query_params), settings.persona)
+    try:
+        options = SessionOptions.from_query(dict(ws.query_params), settings.persona)
+    except ValueError as exc:
+        metrics.sessions.labels("rejected").inc()
+        await ws.close(p.CLOSE_POLICY, p.close_reason("bad_sampling", str(exc)))
+        return
     if len(options.persona) > settings.max_persona_chars:
         metrics.sessions.labels("rejected").inc()
         await ws.close(p.CLOSE_POLICY, p.close_reason("bad_persona", f"over {settings.max_persona_chars} chars"))

@@ -23,6 +23,7 @@ from frontend_model.block import Prefix
 from frontend_model.calibration import TickCost
 from frontend_model.engine import FRAME_S
 from frontend_model.loading import FRAME_SAMPLES
+from frontend_model.row_sampling import RowSampling, SamplingConfig
 from server.frame_clock import InputFrame
 from server.metrics import Metrics
 from server.model_session import FrameOutput, SpanOutcome, SpanRequest, inject_span, span_request
@@ -102,9 +103,15 @@ class Batcher:
     def acquire(self) -> int | None:
         return self._free.pop() if self._free else None
 
-    async def open(self, slot: int, prefix: Prefix | None) -> float:
-        """Fresh state for `slot` and its persona prefilled, on the worker between ticks; returns prefill seconds."""
-        prefill_s = await self.worker.run(lambda: self.model.open_slot(slot, prefix))
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The checkpoint's sampling, for the settings a session leaves out."""
+        return self.model.engine.sampling
+
+    async def open(self, slot: int, prefix: Prefix | None, sampling: RowSampling | None = None) -> float:
+        """Fresh state for `slot` with its sampling and its persona prefilled, on the worker between ticks; returns
+        prefill seconds."""
+        prefill_s = await self.worker.run(lambda: self.model.open_slot(slot, prefix, sampling))
         self._active.add(slot)
         return prefill_s
 

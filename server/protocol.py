@@ -58,6 +58,52 @@ def decode_binary(message: bytes) -> tuple[Kind, bytes]:
     return kind, bytes(message[1:])
 
 
+# connect-time query parameters ---------------------------------------------------------------------------------
+
+MAX_TEMPERATURE = 5.0
+SEED_LIMIT = 2**32
+# Kyutai's web client sends these too; accepted, not applied, and named in `session.ready` `unsupported`.
+UNSUPPORTED_SAMPLING = ("pad_mult", "repetition_penalty_context", "repetition_penalty")
+
+
+class SamplingQuery(BaseModel):
+    """The sampling query parameters of Kyutai's clients; one left out takes the checkpoint's default."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text_temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)
+    text_topk: int | None = Field(None, ge=0)
+    audio_temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)
+    audio_topk: int | None = Field(None, ge=0)
+    text_seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
+    audio_seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
+    pad_mult: float | None = Field(None, allow_inf_nan=False)
+    repetition_penalty_context: float | None = Field(None, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, allow_inf_nan=False)
+
+    @classmethod
+    def parse(cls, query: dict[str, str]) -> SamplingQuery:
+        """Raises ValueError with every bad parameter and why, for the `bad_sampling` close reason."""
+        try:
+            return cls.model_validate({name: value for name, value in query.items() if name in cls.model_fields})
+        except ValidationError as exc:
+            raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+
+    def unsupported(self) -> dict[str, float]:
+        return {name: value for name in UNSUPPORTED_SAMPLING if (value := getattr(self, name)) is not None}
+
+
+class Sampling(BaseModel):
+    """The sampling a session runs with. Temperature 0 or top-k 1 is greedy; top-k 0 keeps the whole vocabulary."""
+
+    text_temperature: float
+    text_topk: int
+    audio_temperature: float
+    audio_topk: int
+    text_seed: int = Field(description="the same seeds and settings repeat the same output for the same input")
+    audio_seed: int
+
+
 # client -> server JSON ---------------------------------------------------------------------------------------
 
 
@@ -145,6 +191,9 @@ class SessionReady(ServerEvent):
     trigger: Literal["ret", "asr"] = Field(
         description="what starts a retrieval here: the model's `<ret>`, or a question in the user's final transcript")
     app_spans: bool = Field(description="whether this session accepts `span.inject`")
+    sampling: Sampling = Field(description="the sampling in effect: the query parameters over the checkpoint's")
+    unsupported: dict[str, float] = Field(
+        default_factory=dict, description="sampling query parameters received but not applied, with their values")
     recording: dict[str, str] | None = None
 
 

@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 from opentelemetry import trace
@@ -22,6 +22,7 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from backend_agent.context_store import Profile
 from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, LoadedModel
+from frontend_model.row_sampling import RowSampling, SamplingConfig
 from server import protocol as p
 from server.auth import RecordingSigner
 from server.backend import Backend
@@ -66,13 +67,23 @@ class SessionOptions:
     voice: str | None = None
     profile: p.UserProfile | None = None
     notes: str | None = None
+    sampling: p.SamplingQuery = field(default_factory=p.SamplingQuery)
 
     @classmethod
     def from_query(cls, query: dict[str, str], default_persona: str) -> SessionOptions:
+        """Raises ValueError for sampling parameters out of range, saying which and why."""
         events = query.get("events", "").lower() in ("1", "true", "json", "yes")
         persona = query.get("persona", query.get("text_prompt", default_persona))
         voice = query.get("voice", query.get("voice_prompt")) or None
-        return cls(events=events, persona=persona, voice=voice)
+        return cls(events=events, persona=persona, voice=voice, sampling=p.SamplingQuery.parse(query))
+
+
+def resolve_sampling(defaults: SamplingConfig, query: p.SamplingQuery) -> RowSampling:
+    """The query's settings over the checkpoint's defaults; a seed not given is drawn, and reported."""
+    base = RowSampling.from_config(defaults, query.text_seed, query.audio_seed)
+    chosen = {name: value for name in ("text_temperature", "text_topk", "audio_temperature", "audio_topk")
+              if (value := getattr(query, name)) is not None}
+    return replace(base, **chosen)
 
 
 @dataclass
@@ -174,7 +185,8 @@ class Session:
         # Tokenising and reading a voice file: off the event loop, and off the worker that steps the others.
         prefix = await asyncio.to_thread(build_persona_block, self.model, self.options.persona, self.options.voice,
                                          self.batcher.max_prefix_frames)
-        prefill_s = await self.batcher.open(self.slot, prefix)
+        sampling = resolve_sampling(self.batcher.sampling, self.options.sampling)
+        prefill_s = await self.batcher.open(self.slot, prefix, sampling)
         await self.ws.send_bytes(p.handshake())
         logger.info("session %s ready (prefix %d frames, prefill %.1f ms)", self.id,
                     prefix.frames if prefix else 0, prefill_s * 1e3)
@@ -182,6 +194,7 @@ class Session:
             t=0.0, session_id=self.id, profile=self.model.profile, random_weights=self.model.random_weights,
             description=self.model.description, prefix_frames=prefix.frames if prefix else 0,
             prefill_ms=round(prefill_s * 1e3, 2), trigger=self.trigger, app_spans=self.app_spans,
+            sampling=p.Sampling(**asdict(sampling)), unsupported=self.options.sampling.unsupported(),
             recording=self._recording_links() if self.recording else None,
         ))
         if self.backend is not None:

@@ -165,7 +165,9 @@ def prefill_by_steps(engine: Engine, prefix: object) -> None:
     state.offsets += last
     state.offset_cpu += last
     state.cache[0, :, last % ring_len] = columns[:, -1]
-    engine.lm_gen.step(frames[None, 1 + agent :, -1:])
+    assert engine.sampler is not None
+    with engine.sampler.installed(state.exec_mask):
+        engine.lm_gen.step(frames[None, 1 + agent :, -1:])
     state.cache[0, 2 : 1 + agent, prefix.frames % ring_len] = frames[2 : 1 + agent, -1]
 
 

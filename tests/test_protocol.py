@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 
+from frontend_model.row_sampling import SamplingConfig
 from server import protocol as p
 from server.frame_clock import FrameAssembler
 from server.outbound import OutboundQueue, Outgoing
-from server.session import SessionOptions
+from server.session import SessionOptions, resolve_sampling
 
 
 def test_wire_constants_match_the_model() -> None:
@@ -130,3 +131,32 @@ async def test_outbound_queue_drops_oldest_audio_only() -> None:
     for i in range(4):
         queue.put(Outgoing("text", str(i)))
     assert queue.other_dropped == 2 and [(await queue.get()).data for _ in range(2)] == ["2", "3"]
+
+
+def test_kyutai_sampling_query_parameters_parse() -> None:
+    query = {"text_temperature": "0.7", "text_topk": "25", "audio_temperature": "0", "audio_topk": "250",
+             "text_seed": "0", "audio_seed": "4294967295", "pad_mult": "-1.5", "repetition_penalty": "1",
+             "persona": "ignored here"}
+    parsed = p.SamplingQuery.parse(query)
+    assert (parsed.text_temperature, parsed.text_topk, parsed.audio_temperature, parsed.audio_seed) == (
+        0.7, 25, 0.0, 4294967295)
+    assert parsed.unsupported() == {"pad_mult": -1.5, "repetition_penalty": 1.0}
+    assert p.SamplingQuery.parse({}).unsupported() == {}
+
+
+@pytest.mark.parametrize(("name", "value"), [("text_temperature", "-0.1"), ("audio_temperature", "5.5"),
+                                             ("text_temperature", "nan"), ("text_topk", "-1"),
+                                             ("audio_topk", "2.5"), ("text_seed", "4294967296"),
+                                             ("audio_seed", "-1"), ("pad_mult", "loud")])
+def test_bad_sampling_query_parameters_name_the_parameter(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        p.SamplingQuery.parse({name: value})
+
+
+def test_the_query_overrides_the_checkpoint_defaults() -> None:
+    chosen = resolve_sampling(SamplingConfig(), p.SamplingQuery.parse({"audio_topk": "1", "text_seed": "9"}))
+    assert (chosen.text_temperature, chosen.text_topk, chosen.audio_temperature, chosen.audio_topk) == (
+        0.7, 25, 0.8, 1)
+    assert chosen.text_seed == 9 and 0 <= chosen.audio_seed < p.SEED_LIMIT
+    greedy = resolve_sampling(SamplingConfig(use_sampling=False), p.SamplingQuery())
+    assert (greedy.text_temperature, greedy.audio_temperature) == (0.0, 0.0)

@@ -117,7 +117,9 @@ def test_bad_input_gets_errors_and_the_server_keeps_serving(server: RunningServe
 
 
 @pytest.mark.parametrize(("query", "error"), [("persona=" + "x" * 3000, "bad_persona"),
-                                              ("voice=nobody", "bad_persona")])
+                                              ("voice=nobody", "bad_persona"),
+                                              ("text_temperature=9", "bad_sampling"),
+                                              ("audio_topk=many", "bad_sampling")])
 def test_bad_session_options_are_refused(server: RunningServer, query: str, error: str) -> None:
     code, reason, _ = asyncio.run(refused_within(f"{server.ws}/api/chat?{query}"))
     assert code == p.CLOSE_POLICY and json.loads(reason)["error"] == error

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, load_model
+from server import protocol as p
 from server.client import chat_url, stream
 
 from .servers import RunningServer, in_process_server, pinned_settings
@@ -48,6 +49,10 @@ def test_stream_with_events(server: RunningServer, speech: np.ndarray) -> None:
 
     ready = result.of_type("session.ready")
     assert len(ready) == 1 and ready[0].random_weights and ready[0].profile == "tiny"
+    sampling = ready[0].sampling  # the checkpoint's defaults, with seeds drawn for this session
+    assert (sampling.text_temperature, sampling.text_topk, sampling.audio_temperature, sampling.audio_topk) == (
+        0.7, 25, 0.8, 250)
+    assert ready[0].unsupported == {}
     assert result.of_type("agent.text")
     stats = result.of_type("stats")
     assert stats and sum(s.frames_in for s in stats) >= frames - 13
@@ -60,6 +65,20 @@ def test_stream_with_events(server: RunningServer, speech: np.ndarray) -> None:
     events = [json.loads(line) for line in lines]
     assert events[0]["type"] == "session.ready"
     assert {"agent.text", "stats"} <= {e["type"] for e in events}
+
+
+def test_kyutai_client_sampling_parameters_are_applied_and_reported(server: RunningServer,
+                                                                    speech: np.ndarray) -> None:
+    """The query Kyutai's web client sends: each setting in effect, the ones not applied named with their values."""
+    query = {"text_temperature": "0.5", "text_topk": "10", "audio_temperature": "0", "audio_topk": "100",
+             "pad_mult": "0", "text_seed": "123", "audio_seed": "4294967295", "repetition_penalty_context": "64",
+             "repetition_penalty": "1.1"}
+    result = asyncio.run(stream(chat_url(server.ws, events=True, **query), speech[: SAMPLE_RATE]))
+    ready = result.of_type("session.ready")
+    assert len(ready) == 1 and result.text_pieces
+    assert ready[0].sampling == p.Sampling(text_temperature=0.5, text_topk=10, audio_temperature=0.0,
+                                           audio_topk=100, text_seed=123, audio_seed=4294967295)
+    assert ready[0].unsupported == {"pad_mult": 0.0, "repetition_penalty_context": 64.0, "repetition_penalty": 1.1}
 
 
 def test_binary_only_moshi_flow(server: RunningServer, speech: np.ndarray) -> None:
