@@ -6,9 +6,10 @@ routes the module's `sample_token` to the sampler for the calls made on this thr
 else those markers make moshi's own sampler fail loudly rather than sample with a wrong setting.
 
 Noise is a counter-based hash of (row seed, row draw count, token id), not a shared `torch.Generator`: a row's draws
-depend on its own seed and on how many times it has sampled, never on its neighbours, and the whole batch draws in
-a few tensor ops with no per-row kernel and no host sync, which also holds inside the CUDA graph LMGen captures for
-its depformer (a graph replays the sampler's tensors in place, so every update to them is in place).
+depend on its own seed and on how many times it has sampled, never on its neighbours. The whole batch samples in a
+few tensor ops (one top-k at the widest k of the rows, per-row temperature, Gumbel-max over the hashed noise) with
+no per-row kernel and no host sync, which also holds inside the CUDA graph LMGen captures for its depformer (a
+graph replays the sampler's tensors, so every update to them is in place).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import moshi.models.lm
+import moshi.utils.sampling
 import torch
 
 SEED_LIMIT = 2**32
@@ -81,9 +83,9 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def uniform_noise(seed: torch.Tensor, draw: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """Uniform (0, 1) float32 for each token id of each row, a function of (seed, draw, token) only."""
-    key = _mix32(_mix32(seed) ^ draw)
-    bits = _mix32(key[:, None] ^ _mix32(token + 0x9E3779B9))
+    """Uniform (0, 1) float32 for each token id [rows, n] of each row, a function of (seed, draw, token) only."""
+    key = _mix32((seed * 0x5BD1E995) ^ (draw * 0x165667B1))  # seed < 2**32, draw small: products inside int64
+    bits = _mix32(key[:, None] ^ (token * 0x27D4EB2F))
     return ((bits >> 8).float() + 0.5) / float(1 << 24)
 
 
@@ -98,6 +100,10 @@ class RowSampler:
         self.seed = {s: torch.zeros(slots, dtype=torch.long, device=device) for s in Stream}
         self.draws = torch.zeros(slots, dtype=torch.long, device=device)
         self.active = torch.ones(slots, dtype=torch.bool, device=device)
+        # Candidates each slot keeps (0: all), host side: eager calls rank only the most any slot keeps; a CUDA graph
+        # replays the width it was captured with, so there every call ranks the whole vocabulary.
+        self._keep = {s: [0] * slots for s in Stream}
+        self._graphed = device.type == "cuda"
         self._rows = (0, slots)
         for slot in range(slots):
             self.set_row(slot, default)
@@ -114,6 +120,7 @@ class RowSampler:
             self.temperature[stream][slot] = temperature
             self.topk[stream][slot] = topk
             self.seed[stream][slot] = seed
+            self._keep[stream][slot] = 1 if temperature <= 0 else topk
         self.draws[slot] = 0
 
     @contextmanager
@@ -129,7 +136,7 @@ class RowSampler:
             _current.sampler = previous
 
     def sample(self, logits: torch.Tensor, stream: Stream) -> torch.Tensor:
-        """logits [rows, ..., vocab] -> token ids [rows, ...]: top-k by rank, then an exponential race (Gumbel-max)."""
+        """logits [rows, ..., vocab] -> token ids [rows, ...]: top-k by rank, then Gumbel-max."""
         lo, hi = self._rows
         rows = hi - lo
         if logits.shape[0] != rows:
@@ -140,22 +147,25 @@ class RowSampler:
         temperature = self.temperature[stream][lo:hi]
         topk = self.topk[stream][lo:hi]
         # Greedy rows keep the best token only; top-k 0 means no limit.
-        keep = torch.where((temperature <= 0) | (topk == 1), 1, torch.where(topk <= 0, vocab, topk.clamp(max=vocab)))
-        ranked, order = torch.sort(flat, dim=-1, descending=True, stable=True)
+        greedy = (temperature <= 0) | (topk == 1)
+        keep = torch.where(topk <= 0, vocab, topk.clamp(max=vocab))
+        keeps = self._keep[stream][lo:hi]
+        width = vocab if self._graphed or 0 in keeps else min(vocab, max(keeps))
+        ranked, order = torch.topk(flat, width, dim=-1)
         noise = uniform_noise(self.seed[stream][lo:hi, None].expand(-1, flat.shape[1]).reshape(-1),
                               self.draws[lo:hi, None].expand(-1, flat.shape[1]).reshape(-1),
-                              order.reshape(-1, vocab)).view_as(flat)
-        scale = torch.where(temperature > 0, temperature, 1.0)[:, None, None]
+                              order.reshape(-1, width)).view_as(ranked)
+        scale = torch.where(greedy, 1.0, temperature)[:, None, None]
         score = ranked / scale - torch.log(-torch.log(noise))
-        rank = torch.arange(vocab, device=logits.device)
+        rank = torch.arange(width, device=logits.device)
         score = torch.where(rank < keep[:, None, None], score, float("-inf"))
-        # A greedy row keeps rank 0 only: with a stable sort, the first best id, the one argmax picks.
-        pick = score.argmax(dim=-1, keepdim=True)
-        return order.gather(-1, pick)[..., 0].view(logits.shape[:-1])
+        sampled = order.gather(-1, score.argmax(dim=-1, keepdim=True))[..., 0]
+        # A greedy row takes argmax's pick (the first best id) over its own logits, whatever the width ranked.
+        return torch.where(greedy[:, None], flat.argmax(dim=-1), sampled).view(logits.shape[:-1])
 
 
 _current = threading.local()
-_moshi_sample_token = moshi.models.lm.sample_token
+_moshi_sample_token = moshi.utils.sampling.sample_token
 
 
 def _sample_token(logits: torch.Tensor, use_sampling: bool = False, temp: object = 1.0, top_k: int = 0,

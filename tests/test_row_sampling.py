@@ -10,6 +10,7 @@ from frontend_model.batch_engine import BatchEngine
 from frontend_model.engine import GREEDY, Engine
 from frontend_model.loading import LoadedModel, load_model
 from frontend_model.row_sampling import RowSampler, RowSampling, SamplingConfig, Stream
+from frontend_model.span_block import build_prefix
 from tests.engine_helpers import user_frames
 
 CONTEXT = 8
@@ -30,14 +31,21 @@ HOT = sampling(1.2, 0, 11)
 WARM = sampling(0.7, 50, 42)
 
 
-def run_pair(model: LoadedModel, rows: list[tuple[RowSampling, int]], compact: bool = True) -> list[list[tuple]]:
-    """Two slots stepped together for TICKS; each row is (sampling, user-audio seed); outputs per slot."""
+def run_pair(model: LoadedModel, rows: list[tuple[RowSampling, int]], compact: bool = True,
+             personas: tuple[str, ...] = ()) -> list[list[tuple]]:
+    """Slots stepped together for TICKS; each row is (sampling, user-audio seed), with a persona prefilled where
+    `personas` has a non-empty one for its slot (its prefill samples the pending column); outputs per slot."""
     frames = [user_frames(TICKS, audio) for _, audio in rows]
     got: list[list[tuple]] = [[] for _ in rows]
-    with BatchEngine(model, len(rows), SamplingConfig(), max_span_frames=16) as engine:
+    with BatchEngine(model, len(rows), SamplingConfig(), max_span_frames=48) as engine:
         engine.compact = compact
         for slot, (row, _) in enumerate(rows):
             engine.reset_slot(slot, row)
+            persona = personas[slot] if slot < len(personas) else ""
+            if persona:
+                prefix = build_prefix(persona, model.tokenizer, model.span, None, model.lm.delays)
+                assert prefix is not None
+                engine.prefill_slot(slot, prefix)
         active = torch.ones(len(rows), dtype=torch.bool)
         for tick in range(TICKS):
             results = engine.step_slots(torch.stack([f[tick] for f in frames]), active)
@@ -54,6 +62,12 @@ def test_a_seeded_session_reproduces_next_to_any_neighbour(model: LoadedModel) -
     assert again[1] == first[0]
     greedy_neighbour = run_pair(model, [(HOT, 2), (GREEDY_ROW, 3)])
     assert greedy_neighbour[0] == first[1]
+
+
+def test_a_seeded_session_with_a_persona_reproduces_next_to_any_neighbour(model: LoadedModel) -> None:
+    first = run_pair(model, [(HOT, 1), (WARM, 2)], personas=("You are kind.", "Be brief."))
+    again = run_pair(model, [(HOT, 1), (sampling(0.9, 3, 5), 4)], personas=("You are kind.",))
+    assert again[0] == first[0]
 
 
 def test_the_seed_and_the_settings_decide_the_draws(model: LoadedModel) -> None:
