@@ -149,11 +149,11 @@ class Batcher:
         """The output for `frame`, computed in the next tick that takes it; one frame per slot at a time."""
         if slot in self._pending:
             raise RuntimeError(f"slot {slot} already has a frame waiting")
-        future: asyncio.Future[FrameOutput] = asyncio.get_running_loop().create_future()
-        self._pending[slot] = _Pending(frame, span, future)
+        self._pending[slot] = _Pending(frame, span, asyncio.get_running_loop().create_future())
         self._arrivals[slot] = frame.arrived
         self._wake.set()
-        return await future
+        # No local may hold the future: its error's traceback holds this frame.
+        return await self._pending[slot].future
 
     async def _loop(self) -> None:
         while True:
@@ -164,32 +164,41 @@ class Batcher:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), None if math.isinf(wait) else wait)
                 continue
-            taken, self._pending = self._pending, {}
-            self._in_flight = taken
-            plan = self.scheduler.plan_spans(time.perf_counter(), waiting)
-            if plan.defer:
-                self.metrics.spans_deferred.inc(len(plan.defer))
-            self._count_deferrals(taken, plan.defer)
-            frames = {slot: (p.frame, p.span) for slot, p in taken.items()}
-            try:
-                results = await self.worker.run(lambda f=frames, d=set(plan.defer): self._tick(f, d))
-            except Exception as exc:  # the batched forward failed, or the worker was restarted under it
-                for pending in taken.values():
-                    if not pending.future.done():
-                        pending.future.set_exception(exc)
-                continue
-            for slot, pending in taken.items():
-                if pending.future.done():  # released while the tick ran
-                    continue
-                result = results[slot]
-                if result.error is not None:
-                    pending.future.set_exception(result.error)
-                else:
-                    pending.future.set_result(result.output)  # type: ignore[arg-type]
+            await self._run_tick(waiting)
             # Let the sessions just answered hand in their next frames before the next tick is planned: a session
             # with a backlog has one ready, and a tick planned without it would run for fewer sessions than it
             # could, which under load is how a backlog feeds itself.
             await asyncio.sleep(0)
+
+    async def _run_tick(self, waiting: list[Waiting]) -> None:
+        """One tick over the frames waiting, on the worker, and its outputs delivered. Its own frame, so that what
+        it took (frames, spans, outputs) is not held by the tick loop while the server idles: a session gone must
+        leave nothing behind."""
+        taken, self._pending = self._pending, {}
+        self._in_flight = taken
+        plan = self.scheduler.plan_spans(time.perf_counter(), waiting)
+        if plan.defer:
+            self.metrics.spans_deferred.inc(len(plan.defer))
+        self._count_deferrals(taken, plan.defer)
+        frames = {slot: (p.frame, p.span) for slot, p in taken.items()}
+        try:
+            results = await self.worker.run(lambda f=frames, d=set(plan.defer): self._tick(f, d))
+        except Exception as exc:  # the batched forward failed, or the worker was restarted under it
+            self._in_flight = {}
+            for pending in taken.values():
+                if not pending.future.done():
+                    pending.future.set_exception(exc)
+            return
+        # Not on cancellation: `stop` answers what was in flight.
+        self._in_flight = {}
+        for slot, pending in taken.items():
+            if pending.future.done():  # released while the tick ran
+                continue
+            result = results[slot]
+            if result.error is not None:
+                pending.future.set_exception(result.error)
+            else:
+                pending.future.set_result(result.output)  # type: ignore[arg-type]
 
     def _waiting(self, slot: int, pending: _Pending) -> Waiting:
         span = pending.span
@@ -224,7 +233,9 @@ class Batcher:
                 outcomes[slot] = self._slot_span(slot, span) if span is not None and slot not in defer else None
             except Exception as exc:
                 logger.exception("slot %d failed before the tick", slot)
-                failed[slot] = _SlotResult(None, exc)
+                # Logged with its traceback; handed on without it: the traceback's frames (this one by f_back)
+                # hold the results that hold the error, a cycle that keeps the session until the collector runs.
+                failed[slot] = _SlotResult(None, exc.with_traceback(None))
         outputs = self.model.tick(pcm) if pcm else {}
         compute_s = time.perf_counter() - start
         self.metrics.batch_size.observe(len(pcm))

@@ -33,6 +33,8 @@ from server.trigger import resolve_trigger
 
 logger = logging.getLogger(__name__)
 
+INPUT_ENDED = "input ended before the span could be injected"
+
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 
 
@@ -65,6 +67,7 @@ class OfflineSession:
         self.result = OfflineResult()
         self._span: SpanRequest | None = None
         self._answered: dict[int, float] = {}
+        self._triggered = 0.0  # time.perf_counter() of the latest retrieval started
 
     def emit(self, event: Any) -> None:
         self.result.events.append(event)
@@ -96,7 +99,8 @@ class OfflineSession:
                 token = out.text_token
                 if i in self.ret_frames or (token is not None and token == self.model.span.ret_id):
                     self.emit(p.Retrieval(t=t, frame=i))
-                    retrieval.trigger()
+                    if retrieval.trigger():
+                        self._triggered = time.perf_counter()
                 if token is not None and token not in self.model.span.control_ids and token > 3:
                     piece = self.model.tokenizer.id_to_piece(token).replace("\u2581", " ")
                     self.emit(p.AgentText(t=t, text=piece, frame=i))
@@ -105,6 +109,7 @@ class OfflineSession:
                     wav.write(frame.pcm, agent)
                 self.result.frames += 1
                 await asyncio.sleep(0)
+            self._report_unfinished(retrieval.in_flight)
         finally:
             self.result.wall_s = time.perf_counter() - start
             await retrieval.close()
@@ -112,6 +117,20 @@ class OfflineSession:
             if wav is not None:
                 wav.close()
         return self.result
+
+
+    def _report_unfinished(self, retrieving: bool) -> None:
+        """A retrieval or an answer the input ended before: reported as dropped, so that no `<ret>` goes unanswered
+        in the events (flat-out runs step faster than the backend answers)."""
+        t = self.result.frames * FRAME_S
+        now = time.perf_counter()
+        if self._span is not None:
+            self.emit(p.SpanDropped(t=t, text=self._span.text, source=self._span.source, tool=self._span.tool,
+                                    question=self._span.question, reason=INPUT_ENDED,
+                                    latency_ms=round((now - self._span.requested) * 1e3, 2)))
+        elif retrieving:
+            self.emit(p.SpanDropped(t=t, text="", reason=INPUT_ENDED,
+                                    latency_ms=round((now - self._triggered) * 1e3, 2)))
 
 
 def write_events(path: Path, events: list[Any]) -> None:
@@ -142,6 +161,7 @@ def infer(settings: ServerSettings, source: Path, out: Path, events: Path | None
     if events is not None:
         write_events(events, result.events)
     injected = sum(1 for e in result.events if e.type == "span.injected")
+    dropped = sum(1 for e in result.events if e.type == "span.dropped")
     print(f"{result.frames} frames ({result.frames * FRAME_S:.1f} s) in {result.wall_s:.1f} s "
-          f"({result.realtime_factor:.1f}x real time); {injected} span(s) injected; wrote {out}")
+          f"({result.realtime_factor:.1f}x real time); {injected} span(s) injected, {dropped} dropped; wrote {out}")
     return 0

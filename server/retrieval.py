@@ -124,8 +124,9 @@ class Retrieval:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self.asr is not None:
-            await self.asr.close()
+        asr, self.asr = self.asr, None  # its transcript callback leads back here: a cycle, once closed
+        if asr is not None:
+            await asr.close()
         if self.user_id == self.session_id:
             # Anonymous: nothing can ask for this history again (the session's transcript file keeps it), and a
             # server that took every anonymous session's turns to the grave grew without bound.

@@ -142,7 +142,7 @@ class Session:
         self.limiter = RateLimiter(settings.max_messages_per_s, 2 * settings.max_messages_per_s)
         self.abuse = AbuseCounter(settings.max_protocol_errors)
         self._end_requested = asyncio.Event()
-        self._end = SessionEnd(p.CLOSE_NORMAL, "")
+        self._end = (p.CLOSE_NORMAL, "")  # raised as a fresh SessionEnd: one kept here would hold its traceback
         self._phase_set = False
 
     # public API for the backend ----------------------------------------------------------------------------
@@ -171,7 +171,7 @@ class Session:
 
     def end(self, code: int, reason: str) -> None:
         """Ask the running session to close with `code` (from the event loop); teardown runs as for any close."""
-        self._end = SessionEnd(code, reason)
+        self._end = (code, reason)
         self._end_requested.set()
 
     # lifecycle ---------------------------------------------------------------------------------------------
@@ -201,20 +201,35 @@ class Session:
             self.retrieval = self.backend.retrieval_for(
                 self.id, self.user_id, self._on_answer, self.emit, lambda: self.assembler.stream_time,
                 self._on_backend_error, self.trigger)
-        tasks = [asyncio.create_task(self._send_loop()), asyncio.create_task(self._frame_loop()),
-                 asyncio.create_task(self._stats_loop()), asyncio.create_task(self._duration_loop()),
-                 asyncio.create_task(self._wait_for_end())]
-        receiver = asyncio.create_task(self._receive_loop())
         try:
-            done, _ = await asyncio.wait([receiver, *tasks], return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()  # re-raise what ended it, if anything did
+            error = await self._stream()
+            if error is not None:
+                raise error
         finally:
-            for task in (receiver, *tasks):
+            error = None  # this frame is in the error's traceback: no cycle through the local
+            # Dropped once closed: the retrieval calls back into this session, a cycle only the collector would free.
+            retrieval, self.retrieval = self.retrieval, None
+            if retrieval is not None:
+                await retrieval.close()
+
+    async def _stream(self) -> BaseException | None:
+        """Run the session's tasks until one ends, then stop them all; returns what ended it, if an error did.
+
+        Returned, not raised: the tasks hold the error and this frame holds the tasks, so a raise from here would
+        put the frame in the error's traceback, a cycle that keeps the whole session until the collector runs."""
+        tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._send_loop()),
+                 asyncio.create_task(self._frame_loop()), asyncio.create_task(self._stats_loop()),
+                 asyncio.create_task(self._duration_loop()), asyncio.create_task(self._wait_for_end())]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(receiver, *tasks, return_exceptions=True)
-            if self.retrieval is not None:
-                await self.retrieval.close()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            if (error := task.exception()) is not None:
+                return error
+        return None
 
     def _recording_links(self) -> dict[str, str]:
         query = f"?sig={self.signer.sign(self.id)}" if self.signer is not None else ""
@@ -222,7 +237,7 @@ class Session:
 
     async def _wait_for_end(self) -> None:
         await self._end_requested.wait()
-        raise self._end
+        raise SessionEnd(*self._end)
 
     async def _duration_loop(self) -> None:
         cap, warning = self.settings.max_session_s, self.settings.session_end_warning_s

@@ -39,23 +39,27 @@ def test_ask_says_no_span_for_what_no_tool_answers(tmp_path: Path) -> None:
     assert out["span"] is None and "no built-in tool" in out["reason"]
 
 
+def write_wav(path: Path, pcm: np.ndarray) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE)
+        w.writeframes((pcm * 32767).astype("<i2").tobytes())
+
+
 @pytest.mark.slow
 def test_infer_writes_a_recording_and_span_events(tmp_path: Path) -> None:
     speech = np.concatenate([silence(0.3), speak("What is twelve times seven?", tmp_path / "q.wav")])
     # 12 s after the question: room for a slow host's Whisper and agent before the input ends.
     pcm = np.concatenate([speech, silence(12.0)])
     source = tmp_path / "in.wav"
-    with wave.open(str(source), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(SAMPLE_RATE)
-        w.writeframes((pcm * 32767).astype("<i2").tobytes())
+    write_wav(source, pcm)
     ret = len(speech) // FRAME_SAMPLES + 10
     out, events = tmp_path / "out.wav", tmp_path / "events.json"
     done = contextspan("infer", str(source), "--out", str(out), "--events", str(events), "--ret-frames", str(ret),
                        "--realtime", "--span-cap", "fixed", "--span-deadline-s", "30", "--question-wait-s", "5",
                        cwd=tmp_path)
-    assert "1 span(s) injected" in done.stdout
+    assert "1 span(s) injected, 0 dropped" in done.stdout
     frames = len(pcm) // FRAME_SAMPLES
     with wave.open(str(out)) as w:
         assert (w.getnchannels(), w.getframerate()) == (2, SAMPLE_RATE)
@@ -66,3 +70,19 @@ def test_infer_writes_a_recording_and_span_events(tmp_path: Path) -> None:
     span = next(e for e in recorded if e["type"] == "span.injected")
     assert span["tool"] == "arithmetic" and "eighty-four" in span["text"]
     assert span["offset_after"] - span["offset_before"] == span["frames"]
+
+
+@pytest.mark.slow
+def test_infer_reports_a_retrieval_the_input_ended_before(tmp_path: Path) -> None:
+    """Flat out, the last frames are stepped long before Whisper and the agent answer: the `<ret>` two frames before
+    the end is reported as dropped, not lost."""
+    pcm = np.concatenate([silence(0.3), speak("What is twelve times seven?", tmp_path / "q.wav"), silence(0.5)])
+    source = tmp_path / "in.wav"
+    write_wav(source, pcm)
+    events = tmp_path / "events.json"
+    ret = len(pcm) // FRAME_SAMPLES - 2
+    done = contextspan("infer", str(source), "--out", str(tmp_path / "out.wav"), "--events", str(events),
+                       "--ret-frames", str(ret), cwd=tmp_path)
+    assert "0 span(s) injected, 1 dropped" in done.stdout
+    dropped = [e for e in json.loads(events.read_text()) if e["type"] == "span.dropped"]
+    assert len(dropped) == 1 and dropped[0]["reason"] == "input ended before the span could be injected"
