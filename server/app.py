@@ -112,7 +112,7 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
         state.batcher = await start_batcher(state, model, worker, cost)
         state.backend = await asyncio.to_thread(Backend.create, settings)
         await asyncio.to_thread(state.backend.warm_up)
-        trigger = resolve_trigger(settings.trigger, model.profile, settings.force_ret_frame is not None)
+        trigger = resolve_trigger(settings.trigger, model.layout, settings.force_ret_frame is not None)
     except ModelLoadError as exc:
         state.load_error = str(exc)
         logger.error("model not loaded: %s", exc)

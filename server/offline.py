@@ -79,7 +79,7 @@ class OfflineSession:
 
     async def run(self, pcm: np.ndarray, out_wav: Path | None = None) -> OfflineResult:
         wav = StereoWavWriter(out_wav) if out_wav else None
-        trigger = resolve_trigger(self.settings.trigger, self.model.profile, forced_ret=bool(self.ret_frames))
+        trigger = resolve_trigger(self.settings.trigger, self.model.layout, forced_ret=bool(self.ret_frames))
         retrieval = self.backend.retrieval_for("offline", "offline", self._on_answer, self.emit,
                                                lambda: self.assembler.stream_time, lambda exc: None, trigger.trigger)
         loop = asyncio.get_running_loop()

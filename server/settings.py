@@ -89,7 +89,8 @@ class ServerSettings(BaseSettings):
     llm_tool_choice: str = Field("auto", description="auto, required, none, or a tool name to force")
     trigger: Literal["auto", "ret", "asr"] = Field(
         "auto", description="what starts a retrieval: the model's <ret> token (ret), a question in the user's final "
-        "transcript (asr), or by checkpoint (auto: ret for contextspan profiles, asr for the others)")
+        "transcript (asr), or by checkpoint (auto: ret for Context Spanning checkpoints, by their files; asr for "
+        "the others)")
     app_spans: Literal["auto", "on", "off"] = Field(
         "auto", description="accept `span.inject` text from clients as spans; auto: only in authenticated sessions "
         "(api_keys set)")

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 Trigger = Literal["ret", "asr"]
-# Profiles of checkpoints fine-tuned with Context Spans: `contextspan` and its random-weight test twin.
-SPAN_TRAINED_MARK = "contextspan"
 
 
-def span_trained(profile: str) -> bool:
-    return SPAN_TRAINED_MARK in profile
+def span_trained(layout: str | None) -> bool:
+    """Read from the checkpoint's files (the layout the loader detected), not from the profile's name."""
+    return layout == "contextspan"
 
 
 @dataclass(frozen=True)
@@ -26,16 +25,16 @@ class ResolvedTrigger:
     why: str
 
 
-def resolve_trigger(setting: str, profile: str, forced_ret: bool = False) -> ResolvedTrigger:
+def resolve_trigger(setting: str, layout: str | None, forced_ret: bool = False) -> ResolvedTrigger:
     """`auto` -> `ret` for span-trained checkpoints, or where a test hook stands in for the model's `<ret>`
     (`force_ret_frame`, `infer --ret-frames`); `asr` for every other checkpoint. `ret` and `asr` are kept."""
     if setting in ("ret", "asr"):
         return ResolvedTrigger(setting, "set explicitly")  # type: ignore[arg-type]
     if setting != "auto":
         raise ValueError(f"unknown trigger {setting!r}")
-    if span_trained(profile):
-        return ResolvedTrigger("ret", f"auto: profile {profile} was trained to emit <ret> and read spans")
+    if span_trained(layout):
+        return ResolvedTrigger("ret", "auto: a Context Spanning checkpoint was trained to emit <ret> and read spans")
     if forced_ret:
         return ResolvedTrigger("ret", "auto: the test hook stands in for the model's <ret>")
-    return ResolvedTrigger("asr", f"auto: profile {profile} was not trained to emit <ret>; a question in the "
-                                  "user's final transcript starts retrieval")
+    return ResolvedTrigger("asr", f"auto: a {layout or 'random-weight'} checkpoint was not trained to emit <ret>; a "
+                                  "question in the user's final transcript starts retrieval")

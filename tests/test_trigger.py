@@ -2,35 +2,38 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from frontend_model.loading import load_model
+from frontend_model.tiny_checkpoints import write_tiny_checkpoint
 from server.settings import ServerSettings
 from server.trigger import resolve_trigger, span_trained
 
 
-@pytest.mark.parametrize(("profile", "trained"), [
-    ("contextspan", True), ("tiny-contextspan", True), ("moshi", False), ("moshi-7b", False),
-    ("personaplex", False), ("tiny-personaplex", False), ("tiny", False),
-])
-def test_span_trained_profiles(profile: str, trained: bool) -> None:
-    assert span_trained(profile) is trained
-
-
-@pytest.mark.parametrize(("setting", "profile", "forced", "trigger"), [
+@pytest.mark.parametrize(("setting", "layout", "forced", "trigger"), [
     ("auto", "contextspan", False, "ret"),
-    ("auto", "tiny-contextspan", False, "ret"),
-    ("auto", "moshi", False, "asr"),
+    ("auto", "kyutai", False, "asr"),
     ("auto", "personaplex", False, "asr"),
-    ("auto", "tiny", False, "asr"),
-    ("auto", "tiny", True, "ret"),  # the test hook stands in for a span-trained model's `<ret>`
-    ("ret", "moshi", False, "ret"),
+    ("auto", None, False, "asr"),  # random weights
+    ("auto", None, True, "ret"),  # the test hook stands in for a span-trained model's `<ret>`
+    ("ret", "kyutai", False, "ret"),
     ("asr", "contextspan", False, "asr"),
-    ("asr", "tiny", True, "asr"),
+    ("asr", None, True, "asr"),
 ])
-def test_resolve(setting: str, profile: str, forced: bool, trigger: str) -> None:
-    resolved = resolve_trigger(setting, profile, forced)
+def test_resolve(setting: str, layout: str | None, forced: bool, trigger: str) -> None:
+    resolved = resolve_trigger(setting, layout, forced)
     assert resolved.trigger == trigger
     assert resolved.why.startswith("auto" if setting == "auto" else "set explicitly")
+
+
+def test_the_files_not_the_profile_name_say_what_was_trained_with_spans(tmp_path: Path) -> None:
+    """A Context Spanning directory served under `--profile personaplex` still retrieves on `<ret>`."""
+    context_spanning = write_tiny_checkpoint("contextspan", tmp_path / "cs")
+    model = load_model("personaplex", str(context_spanning), device="cpu")
+    assert span_trained(model.layout) and resolve_trigger("auto", model.layout).trigger == "ret"
+    assert not span_trained(load_model("tiny-personaplex", device="cpu").layout)
 
 
 def test_auto_is_the_default_and_unknown_settings_are_refused() -> None:

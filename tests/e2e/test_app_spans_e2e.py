@@ -69,7 +69,8 @@ def test_bad_pushes_get_errors_and_the_session_goes_on(secured: InProcessServer)
 
 def test_readyz_states_the_resolved_trigger(secured: InProcessServer) -> None:
     info = httpx.get(f"{secured.http}/readyz", timeout=5).json()
-    assert info["trigger"] == "asr" and info["trigger_why"].startswith("auto: profile tiny")
+    assert info["trigger"] == "asr"
+    assert info["trigger_why"].startswith("auto: a random-weight checkpoint was not trained")
     assert info["app_spans"] == "auto" and info["auth"]
 
 
