@@ -229,6 +229,20 @@ def rss_summary(values: list[float]) -> dict[str, float]:
     return {"start": values[0], "end": values[-1], "max": max(values), "growth": round(values[-1] - values[0], 1)}
 
 
+def rss_trend(samples: list[dict[str, float]], key: str = "server_mb") -> dict[str, float] | None:
+    """Whether memory still climbs once warm: the least-squares slope over the run's second half (MB per minute)
+    and that half's maximum against the first half's (a sawtooth whose peaks rise is growth too)."""
+    half = samples[-1]["t_s"] / 2 if samples else 0.0
+    first = [s[key] for s in samples if s["t_s"] <= half]
+    later = [(s["t_s"] / 60, s[key]) for s in samples if s["t_s"] > half]
+    if len(later) < 2 or not first:
+        return None
+    slope = float(np.polyfit([t for t, _ in later], [v for _, v in later], 1)[0])
+    first_max, later_max = max(first), max(v for _, v in later)
+    return {"half_min": round(half / 60, 1), "later_slope_mb_per_min": round(slope, 3), "first_max_mb": first_max,
+            "later_max_mb": later_max, "later_max_vs_first_pct": round(100 * (later_max / first_max - 1), 1)}
+
+
 def summarise(soak: Soak, interrupted: bool, recordings_mb: float) -> dict[str, Any]:
     minutes = soak.minutes
     latencies = [ms for m in minutes for ms in m.latencies_ms]
@@ -256,6 +270,7 @@ def summarise(soak: Soak, interrupted: bool, recordings_mb: float) -> dict[str, 
         "retrievals_unresolved": sum(m.unresolved for m in minutes),
         "refused": sum(m.refused for m in minutes),
         "server_rss_mb": rss_summary([s["server_mb"] for s in soak.rss]) if soak.rss else None,
+        "server_rss_trend": rss_trend(soak.rss),
         "server_and_children_rss_mb": rss_summary([round(s["server_mb"] + s["children_mb"], 1) for s in soak.rss])
         if soak.rss else None,
         "after_run": soak.after,
@@ -291,6 +306,10 @@ def print_report(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     print(f"server RSS start {rss.get('start')} MB, end {rss.get('end')} MB, max {rss.get('max')} MB, growth "
           f"{rss.get('growth')} MB; with the ASR process: start {total.get('start')} MB, end {total.get('end')} MB, "
           f"growth {total.get('growth')} MB")
+    if trend := s["server_rss_trend"]:
+        print(f"server RSS over the last {trend['half_min']} min: slope {trend['later_slope_mb_per_min']} MB/min, "
+              f"max {trend['later_max_mb']} MB ({trend['later_max_vs_first_pct']:+} % against the first half's "
+              f"{trend['first_max_mb']} MB)")
     print(f"after the run: {s['after_run'] or 'not checked'}; recordings {s['recordings_mb']} MB")
 
 
