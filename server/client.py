@@ -26,6 +26,8 @@ import websockets
 from server import protocol as p
 from server.protocol import FRAME_SAMPLES, SAMPLE_RATE
 
+DRAIN_LIMIT_S = 60.0
+
 
 @dataclass
 class StreamResult:
@@ -73,7 +75,8 @@ async def stream(
 ) -> StreamResult:
     """Send `pcm` (24 kHz float32) as Ogg Opus, `page_samples` at a time (default one 80 ms frame; a divisor of
     it, at least 960, for shorter pages), paced by an absolute schedule, and collect everything the server sends
-    until `tail_s` after the last frame, or until the server closes.
+    until its audio has been quiet for `tail_s` after the last frame (a server behind real time on a slow host is
+    still answering: at most DRAIN_LIMIT_S more), or until the server closes.
 
     `pause_reading_s=(start, length)` stops reading for `length` seconds from `start`, as a stalled client.
     `token` is a session token from POST /api/token, sent as an app does: `Authorization: Bearer`.
@@ -121,7 +124,10 @@ async def stream(
                 if i % pages_per_frame == 0:
                     result.frames_sent += 1
 
+        last_audio = time.perf_counter()
+
         async def receive() -> None:
+            nonlocal last_audio
             start = time.perf_counter()
             paused = False
             async for message in ws:
@@ -133,6 +139,7 @@ async def stream(
                     continue
                 kind, payload = p.decode_binary(message)
                 if kind == p.Kind.AUDIO:
+                    last_audio = time.perf_counter()
                     result.audio_messages += 1
                     result.output_samples += int(np.asarray(reader.append_bytes(payload)).size)
                 elif kind == p.Kind.TEXT:
@@ -141,8 +148,12 @@ async def stream(
         receiver = asyncio.create_task(receive())
         try:
             await send()
-            if ws.close_code is None:
-                await asyncio.sleep(tail_s)
+            sent = time.perf_counter()
+            while ws.close_code is None and time.perf_counter() - sent < DRAIN_LIMIT_S:
+                quiet_until = max(last_audio, sent) + tail_s
+                if time.perf_counter() >= quiet_until:
+                    break
+                await asyncio.sleep(quiet_until - time.perf_counter())
         finally:
             receiver.cancel()
             await asyncio.gather(receiver, return_exceptions=True)

@@ -80,10 +80,7 @@ class SessionOptions:
 
 def resolve_sampling(defaults: SamplingConfig, query: p.SamplingQuery) -> RowSampling:
     """The query's settings over the checkpoint's defaults; a seed not given is drawn, and reported."""
-    base = RowSampling.from_config(defaults, query.text_seed, query.audio_seed)
-    chosen = {name: value for name in ("text_temperature", "text_topk", "audio_temperature", "audio_topk")
-              if (value := getattr(query, name)) is not None}
-    return replace(base, **chosen)
+    return replace(RowSampling.from_config(defaults, query.text_seed, query.audio_seed), **query.chosen())
 
 
 @dataclass
@@ -132,6 +129,7 @@ class Session:
         self._frames: deque[InputFrame] = deque()
         self._frame_ready = asyncio.Event()
         self._span: SpanRequest | None = None
+        self.sampling: RowSampling | None = None  # in effect, from the prefill on
         self._second = _SecondStats()
         self._audio_messages_sent = 0
         self.input_dropped = 0
@@ -185,7 +183,7 @@ class Session:
         # Tokenising and reading a voice file: off the event loop, and off the worker that steps the others.
         prefix = await asyncio.to_thread(build_persona_block, self.model, self.options.persona, self.options.voice,
                                          self.batcher.max_prefix_frames)
-        sampling = resolve_sampling(self.batcher.sampling, self.options.sampling)
+        sampling = self.sampling = resolve_sampling(self.batcher.sampling, self.options.sampling)
         prefill_s = await self.batcher.open(self.slot, prefix, sampling)
         await self.ws.send_bytes(p.handshake())
         logger.info("session %s ready (prefix %d frames, prefill %.1f ms)", self.id,
@@ -284,7 +282,7 @@ class Session:
                 if data is not None:
                     self._on_binary(data)
                 elif message.get("text") is not None:
-                    self._on_text(message["text"])
+                    await self._on_text(message["text"])
             except p.ProtocolError as exc:
                 self._protocol_error(exc)
 
@@ -316,13 +314,13 @@ class Session:
             logger.info("session %s: %.0f ms of silence ahead of its audio, to end frames with the other sessions",
                         self.id, pad / SAMPLE_RATE * 1e3)
 
-    def _on_text(self, text: str) -> None:
+    async def _on_text(self, text: str) -> None:
         self.options.events = True  # a client that sends text reads text: JSON events (and errors) from now on
         message = p.parse_client_text(text)
         if isinstance(message, p.SpanInject):
             self._inject_app_span(message)
         else:
-            self._update(message)
+            await self._update(message)
 
     def _inject_app_span(self, message: p.SpanInject) -> None:
         """App text becomes a span exactly as a retrieval answer does: same scrubber, cap, deadline and events.
@@ -338,7 +336,7 @@ class Session:
         self._last_app_span = now
         self.request_span(message.text, message.source or "app", tool="app")
 
-    def _update(self, update: p.SessionUpdate) -> None:
+    async def _update(self, update: p.SessionUpdate) -> None:
         if update.persona is not None or update.voice is not None:
             raise p.ProtocolError(
                 "persona_locked", "persona and voice are prefilled before the handshake: pass them as the "
@@ -349,8 +347,13 @@ class Session:
             self.options.notes = update.notes
         if self.backend is not None:
             self._store_profile(self.backend, update)
+        if update.sampling is not None and self.sampling is not None:
+            self.sampling = replace(self.sampling, **update.sampling.chosen())
+            restart = update.sampling.text_seed is not None or update.sampling.audio_seed is not None
+            await self.batcher.set_sampling(self.slot, self.sampling, restart)
         self.emit(p.SessionUpdated(t=self.assembler.stream_time, profile=self.options.profile,
-                                   notes=self.options.notes))
+                                   notes=self.options.notes,
+                                   sampling=p.Sampling(**asdict(self.sampling)) if self.sampling else None))
 
     def _protocol_error(self, exc: p.ProtocolError) -> None:
         """Report a bad message and go on: Moshi clients may send kinds this server does not use (Kyutai's
