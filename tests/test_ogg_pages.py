@@ -117,7 +117,8 @@ def test_a_packet_continued_on_the_next_page_is_joined_as_ogg_says() -> None:
 
 
 @pytest.mark.parametrize("quirk", ["headers_in_one_message", "no_headers", "granule_at_24khz", "sequence_gaps",
-                                   "serial_change", "bad_crc", "two_packets_a_page", "empty_page", "eos_then_more"])
+                                   "serial_change", "bad_crc", "two_packets_a_page", "empty_page", "eos_then_more",
+                                   "headers_again"])
 def test_well_formed_pages_play_whatever_their_header_fields(quirk: str) -> None:
     """As sphn (Kyutai's server) does: it reads lacing and packets and nothing else of a page's header."""
     _, packets, per_packet = _sphn_stream()
@@ -134,6 +135,7 @@ def test_well_formed_pages_play_whatever_their_header_fields(quirk: str) -> None
                                *_pages(audio[2:], 3)],
         "empty_page": [*_headers(), _page(b"", b"", 2), *_pages(audio, 3)],
         "eos_then_more": _headers() + _pages(audio[:1], flags=0x04) + _pages(audio[1:], 3),
+        "headers_again": _headers() + _pages(audio[:1]) + _headers() + _pages(audio[1:]),  # a restarted encoder
     }[quirk]
     assert sum(_decode_all(messages)) == len(audio) * per_packet
 
