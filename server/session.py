@@ -15,6 +15,7 @@ import secrets
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 from opentelemetry import trace
@@ -94,6 +95,16 @@ class _SecondStats:
     deadline_misses: int = 0
 
 
+@dataclass
+class _Preparing:
+    """Where a session's preparation stands, for `session.preparing`."""
+
+    started: float
+    stage: Literal["prefix", "prefill"] = "prefix"
+    prefix_frames: int | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class Session:
     """One client's conversation on one slot of the batched model, from the prefill to the release of the slot."""
 
@@ -161,10 +172,13 @@ class Session:
 
     def emit(self, event: p.ServerEvent) -> None:
         """Record an event in the transcript and, if the client asked for events, send it."""
-        if self.recording is not None:
-            self.recording.transcript.write(p.event_record(event, time.time()))
+        self._record(event)
         if self.options.events:
             self.outbound.put(Outgoing("text", p.encode_event(event)))
+
+    def _record(self, event: p.ServerEvent) -> None:
+        if self.recording is not None:
+            self.recording.transcript.write(p.event_record(event, time.time()))
 
     def notify_ending(self, reason: str, in_s: float) -> None:
         self.emit(p.SessionEnding(t=self.assembler.stream_time, reason=reason, in_s=round(in_s, 3)))  # type: ignore[arg-type]
@@ -182,11 +196,19 @@ class Session:
             await self._run()
 
     async def _run(self) -> None:
-        # Tokenising and reading a voice file: off the event loop, and off the worker that steps the others.
-        prefix = await asyncio.to_thread(build_persona_block, self.model, self.options.persona, self.options.voice,
-                                         self.batcher.max_prefix_frames)
-        sampling = resolve_sampling(self.batcher.sampling, self.options.sampling)
-        prefill_s = await self.batcher.open(self.slot, prefix, sampling)
+        preparing = _Preparing(time.perf_counter())
+        announcer = asyncio.create_task(self._announce_preparing(preparing)) if self.options.events else None
+        try:
+            # Tokenising and reading a voice file: off the event loop, and off the worker that steps the others.
+            prefix = await asyncio.to_thread(build_persona_block, self.model, self.options.persona,
+                                             self.options.voice, self.batcher.max_prefix_frames)
+            preparing.stage, preparing.prefix_frames = "prefill", prefix.frames if prefix else 0
+            sampling = resolve_sampling(self.batcher.sampling, self.options.sampling)
+            prefill_s = await self.batcher.open(self.slot, prefix, sampling)
+        finally:
+            preparing.done.set()
+            if announcer is not None:
+                await announcer  # it stops between two sends: nothing of an event is cut off by the handshake
         await self.ws.send_bytes(p.handshake())
         logger.info("session %s ready (prefix %d frames, prefill %.1f ms)", self.id,
                     prefix.frames if prefix else 0, prefill_s * 1e3)
@@ -211,6 +233,20 @@ class Session:
             retrieval, self.retrieval = self.retrieval, None
             if retrieval is not None:
                 await retrieval.close()
+
+    async def _announce_preparing(self, preparing: _Preparing) -> None:
+        """`session.preparing` every `keepalive_s` until the prefix is in, sent directly: the sender task that
+        drains the outbound queue starts with the stream. A quick prefill sends none."""
+        while True:
+            try:
+                await asyncio.wait_for(preparing.done.wait(), self.settings.keepalive_s)
+                return
+            except TimeoutError:
+                pass
+            event = p.SessionPreparing(t=0.0, stage=preparing.stage, prefix_frames=preparing.prefix_frames,
+                                       elapsed_s=round(time.perf_counter() - preparing.started, 2))
+            self._record(event)
+            await self.ws.send_text(p.encode_event(event))
 
     async def _stream(self) -> BaseException | None:
         """Run the session's tasks until one ends, then stop them all; returns what ended it, if an error did.
