@@ -19,6 +19,7 @@ from typing import Literal
 
 import numpy as np
 from opentelemetry import trace
+from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketState
 
 from backend_agent.context_store import Profile
@@ -103,6 +104,7 @@ class _Preparing:
     stage: Literal["prefix", "prefill"] = "prefix"
     prefix_frames: int | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    early: list[Message] = field(default_factory=list)  # what the client sent before the handshake
 
 
 class Session:
@@ -198,6 +200,7 @@ class Session:
     async def _run(self) -> None:
         preparing = _Preparing(time.perf_counter())
         announcer = asyncio.create_task(self._announce_preparing(preparing)) if self.options.events else None
+        holder = asyncio.create_task(self._hold_early_messages(preparing.early))
         try:
             # Tokenising and reading a voice file: off the event loop, and off the worker that steps the others.
             prefix = await asyncio.to_thread(build_persona_block, self.model, self.options.persona,
@@ -207,8 +210,12 @@ class Session:
             prefill_s = await self.batcher.open(self.slot, prefix, sampling)
         finally:
             preparing.done.set()
+            holder.cancel()  # a read cancelled while waiting takes nothing off uvicorn's queue
+            await asyncio.wait([holder])
             if announcer is not None:
                 await announcer  # it stops between two sends: nothing of an event is cut off by the handshake
+        if not holder.cancelled() and (error := holder.exception()) is not None:
+            raise error
         await self.ws.send_bytes(p.handshake())
         logger.info("session %s ready (prefix %d frames, prefill %.1f ms)", self.id,
                     prefix.frames if prefix else 0, prefill_s * 1e3)
@@ -224,7 +231,7 @@ class Session:
                 self.id, self.user_id, self._on_answer, self.emit, lambda: self.assembler.stream_time,
                 self._on_backend_error, self.trigger)
         try:
-            error = await self._stream()
+            error = await self._stream(preparing.early)
             if error is not None:
                 raise error
         finally:
@@ -233,6 +240,16 @@ class Session:
             retrieval, self.retrieval = self.retrieval, None
             if retrieval is not None:
                 await retrieval.close()
+
+    async def _hold_early_messages(self, early: list[Message]) -> None:
+        """Reads what a client sends before the handshake, to be handled first once streaming. Unread, one message
+        stops uvicorn reading the socket, pongs included, and a prefill longer than `keepalive_s` +
+        `keepalive_timeout_s` would close the socket 1011. Past `input_backlog_frames` messages reading stops
+        (the client is held back by TCP, as before)."""
+        while len(early) < self.settings.input_backlog_frames:
+            early.append(message := await self.ws.receive())
+            if message["type"] == "websocket.disconnect":
+                return
 
     async def _announce_preparing(self, preparing: _Preparing) -> None:
         """`session.preparing` every `keepalive_s` until the prefix is in, sent directly: the sender task that
@@ -248,12 +265,12 @@ class Session:
             self._record(event)
             await self.ws.send_text(p.encode_event(event))
 
-    async def _stream(self) -> BaseException | None:
+    async def _stream(self, early: list[Message]) -> BaseException | None:
         """Run the session's tasks until one ends, then stop them all; returns what ended it, if an error did.
 
         Returned, not raised: the tasks hold the error and this frame holds the tasks, so a raise from here would
         put the frame in the error's traceback, a cycle that keeps the whole session until the collector runs."""
-        tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._send_loop()),
+        tasks = [asyncio.create_task(self._receive_loop(early)), asyncio.create_task(self._send_loop()),
                  asyncio.create_task(self._frame_loop()), asyncio.create_task(self._stats_loop()),
                  asyncio.create_task(self._duration_loop()), asyncio.create_task(self._wait_for_end())]
         try:
@@ -306,23 +323,31 @@ class Session:
                 await self.ws.close(code, reason)
 
     # receive -----------------------------------------------------------------------------------------------
-    async def _receive_loop(self) -> None:
-        while True:
-            message = await self.ws.receive()
-            if message["type"] == "websocket.disconnect":
+    async def _receive_loop(self, early: list[Message]) -> None:
+        """`early`: the messages read before the handshake, handled first."""
+        for message in early:
+            if not self._on_message(message):
                 return
-            if not self.limiter.allow():
-                self.metrics.protocol_errors.labels("rate_limited").inc()
-                raise SessionEnd(p.CLOSE_POLICY, p.close_reason(
-                    "rate_limited", f"over {self.settings.max_messages_per_s:g} messages a second"))
-            data = message.get("bytes")
-            try:
-                if data is not None:
-                    self._on_binary(data)
-                elif message.get("text") is not None:
-                    self._on_text(message["text"])
-            except p.ProtocolError as exc:
-                self._protocol_error(exc)
+        while self._on_message(await self.ws.receive()):
+            pass
+
+    def _on_message(self, message: Message) -> bool:
+        """Handles one ASGI message; False once the client has gone."""
+        if message["type"] == "websocket.disconnect":
+            return False
+        if not self.limiter.allow():
+            self.metrics.protocol_errors.labels("rate_limited").inc()
+            raise SessionEnd(p.CLOSE_POLICY, p.close_reason(
+                "rate_limited", f"over {self.settings.max_messages_per_s:g} messages a second"))
+        data = message.get("bytes")
+        try:
+            if data is not None:
+                self._on_binary(data)
+            elif message.get("text") is not None:
+                self._on_text(message["text"])
+        except p.ProtocolError as exc:
+            self._protocol_error(exc)
+        return True
 
     def _on_binary(self, data: bytes) -> None:
         kind, payload = p.decode_binary(data)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +33,10 @@ PREFILL_DELAY_S = 12.0
 
 @pytest.fixture(scope="module")
 def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """Default keep-alive settings: what is tested is what a server does out of the box."""
+    """The default ping interval, what a server does out of the box; a pong deadline shorter than the prefill, so
+    that a socket that stops reading pongs during it is closed (1011) within it."""
     running = start_server(tmp_path_factory.mktemp("keepalive"), "--max-sessions", "1", "--no-asr",
-                           faults=f"slow_prefill@{PREFILL_DELAY_S:g}")
+                           "--keepalive-timeout-s", "3", faults=f"slow_prefill@{PREFILL_DELAY_S:g}")
     yield running
     stop_server(running)
 
@@ -74,10 +75,12 @@ class Outcome:
     after_handshake: list[str | bytes] = field(default_factory=list)
     pings: int = 0
     closed_idle: bool = False
+    close_code: int | None = None
 
 
-async def converse(url: str, connection: type[IdleClosingConnection]) -> Outcome:
-    """Wait for the handshake with a 10 s idle timer, then send 1 s of audio and read until agent audio comes."""
+async def converse(url: str, connection: type[IdleClosingConnection], early: Sequence[str | bytes] = ()) -> Outcome:
+    """Send `early` at once, wait for the handshake with a 10 s idle timer, then send 1 s of audio and read until
+    agent audio comes."""
     outcome = Outcome()
     t0 = time.monotonic()
     # No pings of its own: their pongs would reset the idle timer without the server saying anything.
@@ -96,6 +99,8 @@ async def converse(url: str, connection: type[IdleClosingConnection]) -> Outcome
 
         watcher = asyncio.create_task(watch_idle())
         try:
+            for message in early:
+                await ws.send(message)
             while (message := await asyncio.wait_for(ws.recv(), 60)) != p.handshake():
                 outcome.before_handshake.append(message)
             outcome.handshake_s = time.monotonic() - t0
@@ -104,8 +109,8 @@ async def converse(url: str, connection: type[IdleClosingConnection]) -> Outcome
                 await ws.send(p.audio_message(writer.append_pcm(np.zeros(p.FRAME_SAMPLES, np.float32))))
             while not any(isinstance(m, bytes) and m[:1] == bytes([p.Kind.AUDIO]) for m in outcome.after_handshake):
                 outcome.after_handshake.append(await asyncio.wait_for(ws.recv(), 60))
-        except websockets.ConnectionClosed:
-            pass
+        except websockets.ConnectionClosed as exc:
+            outcome.close_code = exc.rcvd.code if exc.rcvd else None
         finally:
             watcher.cancel()
         outcome.pings = ws.pings
@@ -137,3 +142,15 @@ def test_events_client_hears_session_preparing(slow_server: RunningServer) -> No
     ready = [p.decode_event(m) for m in outcome.after_handshake if isinstance(m, str)]
     assert isinstance(ready[0], p.SessionReady), ready
 
+
+
+def test_messages_sent_before_the_handshake_keep_the_pongs_flowing(slow_server: RunningServer) -> None:
+    """uvicorn stops reading a socket while a message waits unread, pongs included: the session reads what comes
+    before its handshake, so the pong deadline (3 s here) does not close it, and handles it first once streaming."""
+    page = p.audio_message(sphn.OpusStreamWriter(p.SAMPLE_RATE).append_pcm(np.zeros(p.FRAME_SAMPLES, np.float32)))
+    outcome = asyncio.run(converse(f"{slow_server.ws}/api/chat?events=1", PageConnection, [page, "not json"]))
+    assert outcome.close_code is None and not outcome.closed_idle, outcome
+    assert outcome.handshake_s is not None and outcome.handshake_s >= PREFILL_DELAY_S, outcome
+    events = [p.decode_event(m) for m in outcome.after_handshake if isinstance(m, str)]
+    assert isinstance(events[0], p.SessionReady), events
+    assert [e.code for e in events if isinstance(e, p.ErrorEvent)] == ["invalid_json"], events
