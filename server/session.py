@@ -328,6 +328,7 @@ class Session:
         for message in early:
             if not self._on_message(message):
                 return
+        early.clear()  # up to `input_backlog_frames` messages of up to `max_message_bytes`: not kept all session
         while self._on_message(await self.ws.receive()):
             pass
 
