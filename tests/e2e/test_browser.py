@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import time
 import wave
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,29 +17,6 @@ from server.protocol import SAMPLE_RATE
 from .servers import ARTIFACTS, RunningServer
 
 pytestmark = pytest.mark.slow
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-
-
-@pytest.fixture
-def browser(speech_path: Path, tmp_path: Path) -> Iterator[object]:
-    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.skip("Debian chromium and chromium-driver are not installed")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
-                 f"--use-file-for-fake-audio-capture={speech_path}", "--autoplay-policy=no-user-gesture-required",
-                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def test_page_streams_plays_and_shows_text(server: RunningServer, browser: object) -> None:

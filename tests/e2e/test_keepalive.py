@@ -3,7 +3,8 @@
 The server's prefill path is slowed by the `slow_prefill` fault (tests/e2e/faulty_server.py); the clients are
 `websockets` connections with an idle timer of 10 s, as Kyutai's web client has once it streams. A binary Moshi
 client hears WebSocket pings (a control frame its library answers by itself) and nothing else until the `0x00`
-handshake; a JSON-events client, modelled as a browser page that cannot see pings, hears `session.preparing`.
+handshake; a JSON-events client, modelled as a browser page that cannot see pings, hears `session.preparing`, and
+the demo page shows it.
 """
 
 from __future__ import annotations
@@ -154,3 +155,28 @@ def test_messages_sent_before_the_handshake_keep_the_pongs_flowing(slow_server: 
     events = [p.decode_event(m) for m in outcome.after_handshake if isinstance(m, str)]
     assert isinstance(events[0], p.SessionReady), events
     assert [e.code for e in events if isinstance(e, p.ErrorEvent)] == ["invalid_json"], events
+
+
+def test_web_client_shows_preparing_then_goes_live(slow_server: RunningServer, browser: object) -> None:
+    """The demo page (events on) shows `session.preparing` in its state and goes live at the handshake."""
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    driver.get(slow_server.http + "/")  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 20  # hang guards, here and below
+    while "random weights" not in driver.find_element(By.ID, "model").text:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the page never showed the model"
+        time.sleep(0.2)
+    driver.find_element(By.ID, "start").click()  # type: ignore[attr-defined]
+    states: list[str] = []
+    deadline = time.monotonic() + PREFILL_DELAY_S + 60
+    while not states or states[-1] not in ("live", "error", "stopped"):
+        assert time.monotonic() < deadline, states
+        state = driver.execute_script("return window.csStats.state")  # type: ignore[attr-defined]
+        if not states or states[-1] != state:
+            states.append(state)
+        time.sleep(0.2)
+    stats = driver.execute_script("return window.csStats")  # type: ignore[attr-defined]
+    assert states[-1] == "live" and stats["handshake"] and not stats["error"], (states, stats)
+    assert any(state.startswith("preparing: prefill") for state in states), states
+    driver.find_element(By.ID, "stop").click()  # type: ignore[attr-defined]
