@@ -23,6 +23,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.frames import Frame, Opcode
 
 from server import protocol as p
+from server.client import chat_url, stream
 
 from .servers import RunningServer, start_server, stop_server
 
@@ -180,3 +181,9 @@ def test_web_client_shows_preparing_then_goes_live(slow_server: RunningServer, b
     assert states[-1] == "live" and stats["handshake"] and not stats["error"], (states, stats)
     assert any(state.startswith("preparing: prefill") for state in states), states
     driver.find_element(By.ID, "stop").click()  # type: ignore[attr-defined]
+
+
+def test_python_client_waits_through_session_preparing(slow_server: RunningServer) -> None:
+    result = asyncio.run(stream(chat_url(slow_server.ws, events=True), np.zeros(p.SAMPLE_RATE, np.float32)))
+    assert len(result.of_type("session.preparing")) >= 2 and result.of_type("session.ready"), result.events[:4]
+    assert result.audio_messages > 0 and result.close_code in (None, p.CLOSE_NORMAL), result
