@@ -95,6 +95,9 @@ async def stream(
     headers = {"Authorization": f"Bearer {token}"} if token else None
     async with websockets.connect(url, max_size=2**22, open_timeout=30, additional_headers=headers) as ws:
         first = await asyncio.wait_for(ws.recv(), timeout=120)
+        while isinstance(first, str) and isinstance(preparing := p.decode_event(first), p.SessionPreparing):
+            result.events.append(preparing)  # a long prefill, with events on
+            first = await asyncio.wait_for(ws.recv(), timeout=120)
         if first != p.handshake():
             raise AssertionError(f"expected the handshake first, got {first[:20]!r}")
         result.handshake_s = time.perf_counter() - t0

@@ -209,6 +209,17 @@ class SessionReady(ServerEvent):
     recording: dict[str, str] | None = None
 
 
+class SessionPreparing(ServerEvent):
+    """The session is accepted but not ready: sent every `keepalive_s` until the handshake, so that a client's idle
+    timer does not fire during a long prefill. Only to events clients; binary ones get WebSocket pings."""
+
+    type: Literal["session.preparing"] = "session.preparing"
+    stage: Literal["prefix", "prefill"] = Field(
+        description="prefix: tokenising the persona and reading the voice prompt; prefill: the model writes it")
+    elapsed_s: float = Field(description="seconds since the session was accepted")
+    prefix_frames: int | None = Field(None, description="frames to prefill, once the prefix is built")
+
+
 class SessionUpdated(ServerEvent):
     type: Literal["session.updated"] = "session.updated"
     profile: UserProfile | None = None
@@ -297,8 +308,8 @@ class Stats(ServerEvent):
 
 
 Event = Annotated[
-    SessionReady | SessionUpdated | AgentText | UserTranscript | Retrieval | Question | SpanInjected
-    | SpanDropped | ErrorEvent | SessionEnding | Stats,
+    SessionReady | SessionPreparing | SessionUpdated | AgentText | UserTranscript | Retrieval | Question
+    | SpanInjected | SpanDropped | ErrorEvent | SessionEnding | Stats,
     Field(discriminator="type"),
 ]
 _event_adapter: TypeAdapter[Event] = TypeAdapter(Event)
