@@ -1,3 +1,3 @@
-import os
+from frontend_model.compile_policy import apply_compile_policy
 
-os.environ.setdefault("NO_TORCH_COMPILE", "1")
+apply_compile_policy()
