@@ -47,9 +47,13 @@ prep() {
 }
 
 # pip, offline, from the folder alone: no index, no config or find-links of this machine's own.
+# `offline_pip PYTHON [--python VENV_PYTHON] ARGS...`: `--python` (a pip option) must come before `install`.
 offline_pip() {
+    local python="$1" where=()
+    shift
+    if [ "${1:-}" = "--python" ]; then where=(--python "$2"); shift 2; fi
     env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
-        "$1" -m pip install -q --no-index --find-links "$WHEELS/wheels" "${@:2}"
+        "$python" -m pip ${where[@]+"${where[@]}"} install -q --no-index --find-links "$WHEELS/wheels" "$@"
 }
 
 run() {
@@ -57,25 +61,49 @@ run() {
     for arg in "$@"; do [ "$arg" = "--dry-run" ] && dry_run=1; done
     : "${OUT:?set OUT to the folder for the results}"
     [ -f "$WHEELS/requirements.txt" ] || { echo "run: no $WHEELS; run scripts/gpu_check.sh prep first" >&2; exit 2; }
+    mkdir -p "$OUT"
     GPU_CHECK_STARTED="$(date +%s)"
     export GPU_CHECK_STARTED
     local python="$PYTHON"
-    if [ "$dry_run" = 1 ]; then
-        # A venv made here could not see this machine's torch (it lives in a venv, not the system's site-packages):
-        # resolve the folder's wheels alone instead, which fails if any is missing, and run with this Python.
-        offline_pip "$python" --dry-run --ignore-installed -r "$WHEELS/requirements.txt"
-        offline_pip "$python" --dry-run --ignore-installed --no-deps -r "$WHEELS/no-deps.txt"
-    else
-        local venv="${GPU_CHECK_VENV:-$ROOT/.gpu_venv}"
-        [ -x "$venv/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$venv"
-        offline_pip "$venv/bin/python" -r "$WHEELS/requirements.txt"
-        offline_pip "$venv/bin/python" --no-deps -r "$WHEELS/no-deps.txt"
-        python="$venv/bin/python"
+    # A failed install is logged, not fatal: the environment phase and whatever can run still report.
+    if ! install > "$OUT/install.log" 2>&1; then
+        echo "run: the install failed (see install.log); running what can run" | tee -a "$OUT/install.log" >&2
     fi
-    echo "run: installed in $(( $(date +%s) - GPU_CHECK_STARTED )) s" >&2
+    [ "$dry_run" = 1 ] || python="$(venv_dir)/bin/python"
+    [ -x "$python" ] || python="$PYTHON"
+    echo "run: installed in $(( $(date +%s) - GPU_CHECK_STARTED )) s" | tee -a "$OUT/install.log" >&2
     cd "$ROOT"
     NO_TORCH_COMPILE=1 exec "$python" scripts/gpu_check.py run --out "$OUT" "$@"
 }
+
+venv_dir() { echo "${GPU_CHECK_VENV:-$ROOT/.gpu_venv}"; }
+
+# Run as an `if` condition, where `set -e` does not act: every step says `|| return 1`. A subshell keeps `set -x`.
+install() (
+    set -x
+    if [ "$dry_run" = 1 ]; then
+        # A venv made here could not see this machine's torch (it lives in a venv, not the system's site-packages):
+        # resolve the folder's wheels alone instead, which fails if any is missing, and run with this Python.
+        offline_pip "$PYTHON" --dry-run --ignore-installed -r "$WHEELS/requirements.txt" || return 1
+        offline_pip "$PYTHON" --dry-run --ignore-installed --no-deps -r "$WHEELS/no-deps.txt" || return 1
+        return 0
+    fi
+    local venv
+    venv="$(venv_dir)"
+    if [ ! -x "$venv/bin/python" ]; then
+        # Without ensurepip (Debian's python3 without python3-venv) the venv gets no pip: the system pip installs
+        # into it instead (`pip --python`).
+        "$PYTHON" -m venv --system-site-packages "$venv" \
+            || "$PYTHON" -m venv --system-site-packages --without-pip "$venv" || return 1
+    fi
+    local pip_python="$venv/bin/python" target=()
+    if ! "$pip_python" -m pip --version > /dev/null 2>&1; then
+        pip_python="$PYTHON"
+        target=(--python "$venv/bin/python")
+    fi
+    offline_pip "$pip_python" ${target[@]+"${target[@]}"} -r "$WHEELS/requirements.txt" || return 1
+    offline_pip "$pip_python" ${target[@]+"${target[@]}"} --no-deps -r "$WHEELS/no-deps.txt" || return 1
+)
 
 case "${1:-}" in
     prep) prep ;;

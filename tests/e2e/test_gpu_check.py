@@ -34,7 +34,7 @@ def test_prep_then_dry_run_exercises_every_phase(tmp_path: Path) -> None:
     done = subprocess.run([script, "run", "--dry-run"], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
-    assert len(files) <= 8 and "gpu_check.log" in files
+    assert len(files) <= 8 and {"gpu_check.log", "install.log"} <= set(files)
     [results] = [f for f in files if f.startswith("gpu_check-") and f.endswith(".json")]
     report = json.loads((out / results).read_text())
     assert report["dry_run"] is True and report["device"] == "cpu"
