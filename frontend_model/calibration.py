@@ -10,7 +10,15 @@ import torch
 
 from frontend_model.batch_model import BatchedModel
 from frontend_model.block import Block
-from frontend_model.engine import GREEDY, Engine, PrefillCost, device_sync, interpolate, time_call
+from frontend_model.engine import (
+    DEFAULT_MAX_SPAN_FRAMES,
+    GREEDY,
+    Engine,
+    PrefillCost,
+    device_sync,
+    interpolate,
+    time_call,
+)
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel
 from frontend_model.span_block import placeholder_rows
 
@@ -79,18 +87,19 @@ def tick_sizes(max_batch: int) -> list[int]:
 
 
 @torch.no_grad()
-def calibrate_ticks(model: LoadedModel, sizes: list[int], repeats: int = 9,
-                    stop_above_s: float | None = None) -> dict[int, float]:
+def calibrate_ticks(model: LoadedModel, sizes: list[int], repeats: int = 9, stop_above_s: float | None = None,
+                    max_span_frames: int = DEFAULT_MAX_SPAN_FRAMES) -> dict[int, float]:
     """Seconds of one tick (encode, step, decode) with all `b` slots stepping, for each b in `sizes` (ascending).
 
     Best of `repeats`, like calibrate_prefill: a noisy neighbour must not shrink the server's capacity. Sizes past
-    the first whose tick exceeds `stop_above_s` are not measured: they could not be admitted anyway.
+    the first whose tick exceeds `stop_above_s` are not measured: they could not be admitted anyway. The KV rings are
+    widened by `max_span_frames` as the served ones are, since a step attends over the whole ring.
     """
     sync = device_sync(model.device)
     pcm = np.zeros(FRAME_SAMPLES, np.float32)
     ticks: dict[int, float] = {}
     for batch in sizes:
-        batched = BatchedModel(model, batch, GREEDY)
+        batched = BatchedModel(model, batch, GREEDY, max_span_frames)
         batched.start()
         try:
             batched.warm_up()

@@ -138,7 +138,8 @@ async def calibrate(state: ServerState, model: LoadedModel, worker: ModelWorker)
     max_sessions = state.settings.max_sessions
     limit_s = state.settings.deadline_ms / 1e3 * TICK_SHARE
     prefill = await worker.run(lambda: calibrate_prefill(model, state.settings.max_span_frames))
-    ticks = await worker.run(lambda: calibrate_ticks(model, tick_sizes(max_sessions), stop_above_s=limit_s))
+    ticks = await worker.run(lambda: calibrate_ticks(model, tick_sizes(max_sessions), stop_above_s=limit_s,
+                                                       max_span_frames=state.settings.max_span_frames))
     return TickCost(ticks, prefill)
 
 

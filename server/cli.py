@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import importlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -69,7 +68,6 @@ def serve(settings: ServerSettings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("NO_TORCH_COMPILE", "1")
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="contextspan", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)

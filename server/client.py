@@ -180,7 +180,8 @@ def speak(text: str, wav: Path) -> np.ndarray:
 def start_server(workdir: Path, *flags: str, ready_timeout: float = 300.0, module: str = "server.cli",
                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """`python -m module serve *flags` (`contextspan serve`) on a free loopback port, from the repository root,
-    logging to workdir/server.log; returns the process and its http:// URL once /readyz says ready."""
+    logging to workdir/server.log; returns the process and its http:// URL once /readyz says ready.
+    Fails as soon as the process exits or /readyz reports a model load error."""
     port = free_port()
     cmd = [sys.executable, "-m", module, "serve", "--port", str(port), *flags]
     log = workdir / "server.log"
@@ -193,10 +194,14 @@ def start_server(workdir: Path, *flags: str, ready_timeout: float = 300.0, modul
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}: {log.read_text()[-2000:]}")
         try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return process, url
+            ready = httpx.get(f"{url}/readyz", timeout=1)
         except httpx.HTTPError:
-            pass
+            ready = None
+        if ready is not None and ready.status_code == 200:
+            return process, url
+        if ready is not None and ready.json().get("load_error"):  # the model will not load: waiting cannot help
+            stop_server(process)
+            raise RuntimeError(f"server could not load its model: {ready.json()['load_error']}")
         time.sleep(0.3)
     stop_server(process)
     raise RuntimeError(f"server not ready within {ready_timeout:.0f} s: {log.read_text()[-2000:]}")
