@@ -4,6 +4,7 @@ with the operator key, a spoken file streamed as Opus, typed events back, and ea
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from .servers import InProcessServer, in_process_server, pinned_settings
 
 pytestmark = pytest.mark.slow
 KEY = "client-library-key"
+DOCS = Path(__file__).parents[2] / "docs"
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 
 
@@ -161,3 +163,19 @@ def test_the_command_line_writes_the_reply_and_prints_events(
 
     assert main(["client", str(speech_path), "--url", secured.http, "--token", "made-up", "--out", str(out)]) == 1
     assert "Unauthorized: HTTP 401 token_unknown" in capsys.readouterr().err
+
+
+def test_the_documented_example_runs(secured: InProcessServer, speech_path: Path, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/client.md's first example, pointed at this server, its key and a spoken file."""
+    block = re.findall(r"```python\n(.*?)```", (DOCS / "client.md").read_text(), re.S)[0]
+    code = block
+    for old, new in (('"http://127.0.0.1:8998"', repr(secured.http)), ('"my-api-key"', repr(KEY)),
+                     ('"question.wav"', repr(str(speech_path)))):
+        assert old in code, old
+        code = code.replace(old, new)
+    monkeypatch.chdir(tmp_path)
+    slot_free(secured)
+    exec(compile(code, "docs/client.md", "exec"), {"__name__": "__main__"})
+    assert "; closed 1000" in capsys.readouterr().out
+    assert load_wav(str(tmp_path / "reply.wav")).size > 0
