@@ -334,15 +334,18 @@ class Reply:
         return [e for e in self.events if e.type == kind]
 
 
-async def converse(url: str, pcm: np.ndarray, token: str | None = None, lead_s: float = 0.0, tail_s: float = 2.0,
+async def converse(url: str, audio: np.ndarray | str | Path, token: str | None = None, lead_s: float = 0.0,
+                   tail_s: float = 2.0,
                    on_audio: Callable[[np.ndarray], None] | None = None,
                    on_text: Callable[[str], None] | None = None,
                    on_event: Callable[[p.ServerEvent], None] | None = None,
                    messages: Sequence[p.SessionUpdate | p.SpanInject] = (), **query: str) -> Reply:
-    """Say `pcm` (24 kHz mono float32) to the agent and collect its reply: `messages` are sent first, the audio is
-    streamed (`lead_s` ahead of real time at most), then `tail_s` of silence lets the agent finish before a normal
-    close. The callbacks see each piece as it arrives. Raises a `ClientError` if the server refuses or ends it."""
-    audio: list[np.ndarray] = []
+    """Say `audio` (24 kHz mono float32 PCM, or an audio file of any rate) to the agent and collect its reply:
+    `messages` are sent first, the audio is streamed (`lead_s` ahead of real time at most), then `tail_s` of
+    silence lets the agent finish before a normal close. The callbacks see each piece as it arrives. Raises a
+    `ClientError` if the server refuses or ends it."""
+    pcm = load_wav(str(audio)) if isinstance(audio, str | Path) else np.asarray(audio, dtype=np.float32)
+    voice: list[np.ndarray] = []
     text: list[str] = []
     events: list[p.ServerEvent] = []
     async with connect(url, token=token, **query) as conversation:
@@ -359,7 +362,7 @@ async def converse(url: str, pcm: np.ndarray, token: str | None = None, lead_s: 
         try:
             async for item in conversation:
                 if isinstance(item, AudioChunk):
-                    audio.append(item.pcm)
+                    voice.append(item.pcm)
                     if on_audio is not None:
                         on_audio(item.pcm)
                 elif isinstance(item, TextPiece):
@@ -373,7 +376,7 @@ async def converse(url: str, pcm: np.ndarray, token: str | None = None, lead_s: 
         finally:
             talker.cancel()
             await asyncio.gather(talker, return_exceptions=True)
-    return Reply(np.concatenate(audio) if audio else np.zeros(0, np.float32), "".join(text), events,
+    return Reply(np.concatenate(voice) if voice else np.zeros(0, np.float32), "".join(text), events,
                  conversation.close_code, conversation.close_reason)
 
 
@@ -397,7 +400,7 @@ def client_main(argv: Sequence[str]) -> int:
 
     async def run() -> Reply:
         token = args.token or (await session_token(args.url, args.api_key) if args.api_key else None)
-        return await converse(args.url, load_wav(str(args.input)), token=token, lead_s=FAST_LEAD_S if args.fast else 0,
+        return await converse(args.url, args.input, token=token, lead_s=FAST_LEAD_S if args.fast else 0,
                               tail_s=args.tail_s, on_event=show, **query)
 
     try:
