@@ -182,6 +182,23 @@ class TextPiece:
 Received = AudioChunk | TextPiece | p.ServerEvent
 
 
+def decode_event_text(text: str) -> p.ServerEvent | None:
+    """A JSON event as its model; None for an event type this client does not know, and fields it does not know
+    are dropped: a newer server may add both (the protocol asks clients to ignore them)."""
+    try:
+        return p.decode_event(text)
+    except ValidationError as exc:
+        errors = exc.errors()
+        if any(e["type"] == "union_tag_invalid" for e in errors):
+            return None
+        if not all(e["type"] == "extra_forbidden" and len(e["loc"]) == 2 for e in errors):
+            raise
+        data = json.loads(text)
+        for e in errors:
+            data.pop(e["loc"][1], None)
+        return p.decode_event(json.dumps(data))
+
+
 # connecting --------------------------------------------------------------------------------------------------
 
 
@@ -278,12 +295,7 @@ class Conversation:
     def _decode(self, message: bytes | str) -> Received | None:
         """Unknown binary kinds and event types are skipped, as the protocol asks of clients."""
         if isinstance(message, str):
-            try:
-                event = p.decode_event(message)
-            except ValidationError as exc:
-                if any(e["type"] == "union_tag_invalid" for e in exc.errors()):
-                    return None
-                raise
+            event = decode_event_text(message)
             if isinstance(event, p.SessionReady):
                 self.ready = event
             return event
@@ -335,16 +347,21 @@ class Reply:
 
 
 async def converse(url: str, audio: np.ndarray | str | Path, token: str | None = None, lead_s: float = 0.0,
-                   tail_s: float = 2.0,
+                   tail_s: float = 2.0, catch_up_s: float = 10.0,
                    on_audio: Callable[[np.ndarray], None] | None = None,
                    on_text: Callable[[str], None] | None = None,
                    on_event: Callable[[p.ServerEvent], None] | None = None,
                    messages: Sequence[p.SessionUpdate | p.SpanInject] = (), **query: str) -> Reply:
     """Say `audio` (24 kHz mono float32 PCM, or an audio file of any rate) to the agent and collect its reply:
     `messages` are sent first, the audio is streamed (`lead_s` ahead of real time at most), then `tail_s` of
-    silence lets the agent finish before a normal close. The callbacks see each piece as it arrives. Raises a
-    `ClientError` if the server refuses or ends it."""
+    silence lets the agent finish. The server answers each 80 ms frame with 80 ms of voice: the close (1000) waits
+    until that voice has come for all but the last frame sent, at most `catch_up_s` (a server behind its clock, or
+    audio sent ahead, is still answering). The callbacks see each piece as it arrives. Raises a `ClientError` if
+    the server refuses or ends it."""
     pcm = load_wav(str(audio)) if isinstance(audio, str | Path) else np.asarray(audio, dtype=np.float32)
+    said = np.concatenate([pcm, np.zeros(round(tail_s * SAMPLE_RATE), np.float32)])
+    answered_at = (math.ceil(len(said) / FRAME_SAMPLES) - 1) * FRAME_SAMPLES
+    heard = 0
     voice: list[np.ndarray] = []
     text: list[str] = []
     events: list[p.ServerEvent] = []
@@ -353,9 +370,10 @@ async def converse(url: str, audio: np.ndarray | str | Path, token: str | None =
         async def talk() -> None:
             for message in messages:
                 await conversation.send(message)
-            await conversation.stream_audio(np.concatenate([pcm, np.zeros(round(tail_s * SAMPLE_RATE), np.float32)]),
-                                            lead_s=lead_s)
-            await asyncio.sleep(lead_s)  # what was sent ahead is still being answered
+            await conversation.stream_audio(said, lead_s=lead_s)
+            give_up = time.monotonic() + catch_up_s
+            while heard < answered_at and time.monotonic() < give_up:
+                await asyncio.sleep(0.05)
             await conversation.close()
 
         talker = asyncio.create_task(talk())
@@ -363,6 +381,7 @@ async def converse(url: str, audio: np.ndarray | str | Path, token: str | None =
             async for item in conversation:
                 if isinstance(item, AudioChunk):
                     voice.append(item.pcm)
+                    heard += item.pcm.size
                     if on_audio is not None:
                         on_audio(item.pcm)
                 elif isinstance(item, TextPiece):
