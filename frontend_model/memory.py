@@ -8,7 +8,7 @@ the tensors the model holds (weights and streaming state), each storage counted 
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -17,8 +17,6 @@ from moshi.models.compression import MimiModel
 from moshi.models.lm import LMModel
 from moshi.modules.streaming import StreamingModule
 from moshi.modules.transformer import RingKVCache, StreamingMultiheadAttention
-
-logger = logging.getLogger(__name__)
 
 # Share of a device's memory that sessions and weights may take: the rest is the CUDA context, the allocator's
 # slack and a tick's activations.
@@ -101,6 +99,16 @@ def device_total_bytes(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def free_bytes(device: torch.device) -> int:
+    """What a new allocation can still get: the GPU's free memory, or the host's available RAM for CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    # MemAvailable counts the page cache the kernel would give back; free pages alone would not.
+    with contextlib.suppress(OSError, StopIteration, ValueError), open("/proc/meminfo") as meminfo:
+        return int(next(line for line in meminfo if line.startswith("MemAvailable:")).split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
 @dataclass(frozen=True)
 class DeviceMemory:
     device: str
@@ -149,15 +157,28 @@ def release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def release_model(lm: LMModel, mimi: MimiModel) -> None:
-    """Free a written-off model's memory even while an abandoned thread still references the modules: every weight,
-    buffer and streaming state is emptied in place, which frees the storage unless a running kernel holds it (its
-    memory then comes back when that kernel returns). Whatever still runs on this model afterwards fails."""
-    device = next(lm.parameters()).device
-    for root in (lm, mimi):
+def drop_streaming_state(*modules: torch.nn.Module) -> None:
+    """Take every streaming state off the modules: after a failed `streaming()` (moshi leaves the layers it reached
+    streaming) or for a model written off."""
+    for root in modules:
         for module in root.modules():
             if isinstance(module, StreamingModule):
                 module._streaming_state = None
-        for t in (*root.parameters(), *root.buffers()):
-            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+
+
+def release_model(lm: LMModel, mimi: MimiModel) -> None:
+    """Free a written-off model's memory even while an abandoned thread still references its modules or their
+    streaming state: every weight, buffer and state tensor is emptied in place, which frees its storage unless a
+    call still running holds it as an operand (that memory comes back when the call returns). Whatever runs on this
+    model afterwards fails."""
+    device = next(lm.parameters()).device
+    tensors: list[torch.Tensor] = []
+    for root in (lm, mimi):
+        tensors.extend((*root.parameters(), *root.buffers()))
+        for module in root.modules():
+            if isinstance(module, StreamingModule) and module._streaming_state is not None:
+                tensors.extend(_state_tensors(module._streaming_state))
+    drop_streaming_state(lm, mimi)
+    for t in tensors:
+        t.data = torch.empty(0, dtype=t.dtype, device=t.device)
     release_memory(device)
