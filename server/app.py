@@ -213,7 +213,8 @@ async def watch_worker(state: ServerState, make_model: Callable[[], LoadedModel]
         for session in list(state.sessions.values()):
             session.end(p.CLOSE_INTERNAL, p.close_reason("worker_restarted", "the model worker stalled"))
         await batcher.stop(WorkerRestarted("the model worker stalled and was restarted"))
-        refusal = await asyncio.to_thread(write_off, batcher.model, state.memory.session_bytes if state.memory else 0)
+        memory, state.memory = state.memory, None
+        refusal = await asyncio.to_thread(write_off, batcher.model, memory.session_bytes if memory else 0)
         if refusal is not None:
             state.load_error = refusal
             logger.error("model worker not restarted: %s", refusal)

@@ -20,7 +20,7 @@ from moshi.modules.transformer import RingKVCache
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from frontend_model import calibration
+from frontend_model import calibration, memory
 from frontend_model.batch_engine import BatchEngine
 from frontend_model.batch_model import BatchedModel
 from frontend_model.engine import GREEDY
@@ -158,7 +158,7 @@ def test_model_threads_run_on_the_models_cuda_device(monkeypatch: pytest.MonkeyP
     assert loaded == ["loader"] and calls == [(1, "loader")]
 
 
-def test_a_stuck_workers_model_is_freed_before_a_reload() -> None:
+def test_a_stuck_workers_model_is_freed_before_a_reload(monkeypatch: pytest.MonkeyPatch) -> None:
     """The abandoned thread keeps the model, its batch and a ring in its locals; their memory is freed anyway."""
     model = load_model("tiny", device="cpu", dtype=torch.float32, context=CONTEXT)
     batched = BatchedModel(model, 2, GREEDY, max_span_frames=SPAN)
@@ -191,12 +191,8 @@ def test_a_stuck_workers_model_is_freed_before_a_reload() -> None:
     # Where the stuck call still holds what a reload needs (a hung kernel's operands), the reload is refused.
     again = BatchedModel(load_model("tiny", device="cpu", dtype=torch.float32, context=CONTEXT), 2, GREEDY)
     again.start()
-    real_free = app_module.free_bytes
-    app_module.free_bytes = lambda device: need // 2  # type: ignore[assignment]
-    try:
-        refusal = app_module.write_off(again, per_session)
-    finally:
-        app_module.free_bytes = real_free
+    monkeypatch.setattr(app_module, "free_bytes", lambda device: need // 2)
+    refusal = app_module.write_off(again, per_session)
     assert refusal is not None and "restart the process" in refusal and "GiB free" in refusal
 
 
@@ -218,17 +214,43 @@ def test_readyz_and_metrics_report_the_models_memory(tmp_path: Path) -> None:
         while (info := httpx.get(f"{server.http}/readyz", timeout=10)).status_code != 200:
             assert time.monotonic() < deadline, info.text
             time.sleep(0.2)
-        memory = info.json()["memory"]
+        report = info.json()["memory"]
         metrics = httpx.get(f"{server.http}/metrics", timeout=10).text
     per_session = session_bytes(served.lm, served.mimi, settings.max_span_frames).total
     weights = weight_bytes(served.lm, served.mimi)
-    assert memory["device"] == "cpu" and memory["weight_bytes"] == weights
-    assert memory["session_bytes"] == per_session
+    assert report["device"] == "cpu" and report["weight_bytes"] == weights
+    assert report["session_bytes"] == per_session
     # The batch of 2 holds its rings, codec state and the engine's token ring beside the weights.
-    assert weights + 2 * per_session * 0.97 < memory["in_use_bytes"] == memory["reserved_bytes"]
-    assert memory["in_use_bytes"] < weights + 2 * per_session * 1.03
-    assert memory["sessions_fit"] == sessions_fit(memory["total_bytes"], weights, per_session) > 2
+    assert weights + 2 * per_session * 0.97 < report["in_use_bytes"] == report["reserved_bytes"]
+    assert report["in_use_bytes"] < weights + 2 * per_session * 1.03
+    assert report["sessions_fit"] == sessions_fit(report["total_bytes"], weights, per_session) > 2
     values = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line.startswith("contextspan_"))
-    assert float(values['contextspan_device_memory_bytes{kind="in_use"}']) == memory["in_use_bytes"]
+    assert float(values['contextspan_device_memory_bytes{kind="in_use"}']) == report["in_use_bytes"]
     assert float(values['contextspan_device_memory_bytes{kind="per_session"}']) == per_session
-    assert float(values["contextspan_memory_session_capacity"]) == memory["sessions_fit"]
+    assert float(values["contextspan_memory_session_capacity"]) == report["sessions_fit"]
+
+
+def test_cuda_memory_calls_go_to_the_models_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.cuda's memory API replaced by fakes of the same signatures, standing for a 2-GPU host."""
+    gib = 2**30
+    asked: list[object] = []
+
+    def mem_get_info(device: torch.device | int | None = None) -> tuple[int, int]:
+        asked.append(device)
+        return 3 * gib, 80 * gib
+
+    emptied: list[bool] = []
+    set_to: list[int] = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    monkeypatch.setattr(torch.cuda, "set_device", set_to.append)
+    cuda1 = torch.device("cuda:1")
+    assert memory.free_bytes(cuda1) == 3 * gib and memory.device_total_bytes(cuda1) == 80 * gib
+    assert asked == [cuda1, cuda1]
+    memory.release_memory(cuda1)
+    memory.release_memory(torch.device("cpu"))
+    assert emptied == [True]
+    for device in ("cuda:1", "cuda", "cpu", torch.device("cuda:0")):
+        memory.set_device(device)
+    assert set_to == [1, 0]  # bare "cuda" is whatever device the thread has: nothing to set
+    assert memory.sessions_fit(80 * gib, 15 * gib, 2 * gib) == 28  # (0.9 x 80 - 15) / 2
