@@ -183,10 +183,10 @@ class Batcher:
         plan = self.scheduler.plan_spans(time.perf_counter(), waiting)
         if plan.defer:
             self.metrics.spans_deferred.inc(len(plan.defer))
-        self._count_deferrals(taken, plan.defer)
+        waited = self._count_deferrals(taken, plan.defer)
         frames = {slot: (p.frame, p.span) for slot, p in taken.items()}
         try:
-            results = await self.worker.run(lambda f=frames, d=set(plan.defer): self._tick(f, d))
+            results = await self.worker.run(lambda f=frames, d=set(plan.defer), w=waited: self._tick(f, d, w))
         except Exception as exc:  # the batched forward failed, or the worker was restarted under it
             self._in_flight = {}
             for pending in taken.values():
@@ -215,18 +215,22 @@ class Batcher:
         known = self._deferrals.get(slot)
         return known[1] if known is not None and known[0] is span else 0
 
-    def _count_deferrals(self, taken: dict[int, _Pending], defer: list[int]) -> None:
+    def _count_deferrals(self, taken: dict[int, _Pending], defer: list[int]) -> dict[int, int]:
+        """Counts this tick's deferrals; returns, for each span going in now, the ticks it was put off."""
+        waited: dict[int, int] = {}
         for slot, pending in taken.items():
             if pending.span is None:
                 continue
             if slot in defer:
                 self._deferrals[slot] = (pending.span, self._deferred_ticks(slot, pending.span) + 1)
             else:
+                waited[slot] = self._deferred_ticks(slot, pending.span)
                 self._deferrals.pop(slot, None)
+        return waited
 
     # on the worker thread -----------------------------------------------------------------------------------
-    def _tick(self, frames: dict[int, tuple[InputFrame, SpanRequest | None]],
-              defer: set[int]) -> dict[int, _SlotResult]:
+    def _tick(self, frames: dict[int, tuple[InputFrame, SpanRequest | None]], defer: set[int],
+              waited: dict[int, int]) -> dict[int, _SlotResult]:
         start, start_cpu = time.perf_counter(), time.thread_time()
         failed: dict[int, _SlotResult] = {}
         outcomes: dict[int, SpanOutcome | None] = {}
@@ -234,7 +238,8 @@ class Batcher:
         for slot, (frame, span) in frames.items():
             try:
                 pcm[slot] = self._slot_frame(frame)
-                outcomes[slot] = self._slot_span(slot, span) if span is not None and slot not in defer else None
+                outcomes[slot] = (self._slot_span(slot, span, waited.get(slot, 0))
+                                  if span is not None and slot not in defer else None)
             except Exception as exc:
                 logger.exception("slot %d failed before the tick", slot)
                 # Logged with its traceback; handed on without it: the traceback's frames (this one by f_back)
@@ -259,6 +264,7 @@ class Batcher:
             raise BadFrame(f"frame {frame.index}: expected {FRAME_SAMPLES} finite samples")
         return pcm
 
-    def _slot_span(self, slot: int, span: SpanRequest) -> SpanOutcome:
+    def _slot_span(self, slot: int, span: SpanRequest, deferred_ticks: int) -> SpanOutcome:
         return inject_span(span, self.span_deadline_s, self.model.frames_stepped[slot],
-                           lambda: self.model.engine.slot_offset(slot), lambda block: self.model.inject(slot, block))
+                           lambda: self.model.engine.slot_offset(slot), lambda block: self.model.inject(slot, block),
+                           deferred_ticks)

@@ -47,6 +47,8 @@ class SpanOutcome:
     reason: str | None = None
     done: float = 0.0  # time.perf_counter() when injected or dropped
     offsets: tuple[int, int] = (0, 0)  # engine frames consumed before and after the injection
+    step: int = 0  # frames the session had stepped when the span went in: the frame boundary
+    deferred_ticks: int = 0  # ticks it was put off because it did not fit what was left of a frame's budget
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ def span_request(engine: Engine, text: str, source: str | None, requested: float
 
 
 def inject_span(request: SpanRequest, deadline_s: float, steps: int, offset: Callable[[], int],
-                inject: Callable[[Block], None]) -> SpanOutcome:
+                inject: Callable[[Block], None], deferred_ticks: int = 0) -> SpanOutcome:
     """Inject a span at this frame boundary, or say why not: too late, before the first frame, nothing to say."""
     now = time.perf_counter()
     if now - request.requested > deadline_s:
@@ -150,7 +152,8 @@ def inject_span(request: SpanRequest, deadline_s: float, steps: int, offset: Cal
     inject(built.block)
     done = time.perf_counter()
     return SpanOutcome(request, True, built.text, built.frames, done - now, built.truncated,
-                       built.dropped_text, done=done, offsets=(before, offset()))
+                       built.dropped_text, done=done, offsets=(before, offset()), step=steps,
+                       deferred_ticks=deferred_ticks)
 
 
 def span_event(outcome: SpanOutcome, t: float) -> p.SpanInjected | p.SpanDropped:
@@ -164,5 +167,6 @@ def span_event(outcome: SpanOutcome, t: float) -> p.SpanInjected | p.SpanDropped
         t=t, text=outcome.text, source=request.source, tool=request.tool, question=request.question,
         frames=outcome.frames, prefill_ms=round(outcome.prefill_s * 1e3, 2), latency_ms=latency_ms,
         truncated=outcome.truncated, dropped_text=outcome.dropped_text, offset_before=outcome.offsets[0],
-        offset_after=outcome.offsets[1], timings_ms={**request.timings_ms, "build_ms": round(request.build_s * 1e3, 3)},
+        offset_after=outcome.offsets[1], step=outcome.step, deferred_ticks=outcome.deferred_ticks,
+        timings_ms={**request.timings_ms, "build_ms": round(request.build_s * 1e3, 3)},
     )

@@ -266,6 +266,8 @@ class SpanInjected(ServerEvent):
     dropped_text: str = ""
     offset_before: int = Field(description="frames the model had consumed before the span")
     offset_after: int = Field(description="frames consumed after it: offset_before + frames")
+    step: int = Field(0, description="frames this session had stepped when the span went in: the frame boundary")
+    deferred_ticks: int = Field(0, description="ticks it waited because it did not fit a frame's budget")
     timings_ms: dict[str, float] = Field(default_factory=dict, description="question pick, ASR, LLM, tool, build")
 
 

@@ -123,26 +123,56 @@ def inproc_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
 
 def test_request_span_injects_at_next_frame(inproc_server: tuple[str, object, asyncio.AbstractEventLoop],
                                             speech: np.ndarray) -> None:
+    """A span goes in at the first frame boundary after the request: before the session's next step, or the one
+    after when a step was already on its way (its frame was taken without the span); later only for the ticks it
+    was deferred because it did not fit a frame's budget, which the event reports. Counted in steps, so it holds
+    however fast this host is."""
     url, state, loop = inproc_server
+    batcher = state.batcher  # type: ignore[attr-defined]
+    stepped_at_request: list[int] = []
+
+    def request(session: object, text: str) -> None:
+        stepped_at_request.append(batcher.model.frames_stepped[session.slot])  # type: ignore[attr-defined]
+        session.request_span(text, "kb")  # type: ignore[attr-defined]
+
+    def injected(result: object) -> bool:
+        return bool(result.of_type("span.injected") or result.of_type("span.dropped"))  # type: ignore[attr-defined]
 
     async def run() -> object:
-        client = asyncio.create_task(stream(chat_url(url, events=True), speech[: 3 * SAMPLE_RATE]))
+        client = asyncio.create_task(stream(chat_url(url, events=True), speech[: 3 * SAMPLE_RATE], until=injected,
+                                            until_timeout_s=60))
         while not state.sessions:  # type: ignore[attr-defined]
             await asyncio.sleep(0.05)
         await asyncio.sleep(1.0)
         session = next(iter(state.sessions.values()))  # type: ignore[attr-defined]
-        loop.call_soon_threadsafe(session.request_span, "The capital of France is Paris.", "kb")
-        await asyncio.sleep(0.3)
-        loop.call_soon_threadsafe(session.request_span, "")
+        loop.call_soon_threadsafe(request, session, "The capital of France is Paris.")
         return await client
 
     result = asyncio.run(run())
-    injected = result.of_type("span.injected")  # type: ignore[attr-defined]
-    dropped = result.of_type("span.dropped")  # type: ignore[attr-defined]
-    assert len(injected) == 1, result.events  # type: ignore[attr-defined]
-    span = injected[0]
+    injected_events = result.of_type("span.injected")  # type: ignore[attr-defined]
+    assert len(injected_events) == 1, result.events  # type: ignore[attr-defined]
+    span = injected_events[0]
     assert span.source == "kb" and "capital of France" in span.text and span.frames >= 3
-    assert 0 < span.prefill_ms < span.latency_ms < 1000
+    assert span.offset_after == span.offset_before + span.frames
+    assert 0 < span.prefill_ms < span.latency_ms
+    waited = span.step - stepped_at_request[0] - span.deferred_ticks
+    assert waited in (0, 1), (span.step, stepped_at_request, span.deferred_ticks)
+
+
+def test_an_empty_span_is_dropped_with_its_reason(inproc_server: tuple[str, object, asyncio.AbstractEventLoop],
+                                                  speech: np.ndarray) -> None:
+    url, state, loop = inproc_server
+
+    async def run() -> object:
+        client = asyncio.create_task(stream(chat_url(url, events=True), speech[:SAMPLE_RATE],
+                                            until=lambda r: bool(r.of_type("span.dropped")), until_timeout_s=60))
+        while not state.sessions:  # type: ignore[attr-defined]
+            await asyncio.sleep(0.05)
+        session = next(iter(state.sessions.values()))  # type: ignore[attr-defined]
+        loop.call_soon_threadsafe(session.request_span, "")
+        return await client
+
+    dropped = asyncio.run(run()).of_type("span.dropped")  # type: ignore[attr-defined]
     assert len(dropped) == 1 and dropped[0].reason == "empty text"
 
 
