@@ -135,7 +135,10 @@ class ForwardFault:
 
     def _hook(self, module: torch.nn.Module, inputs: object, output: torch.Tensor) -> None:
         state = module._streaming_state
-        hit = state.armed & state.exec_mask
+        armed = getattr(state, "armed", None)  # None: another engine streams this model now
+        if armed is None:
+            return
+        hit = armed & state.exec_mask
         if not bool(hit.any()):
             return
         self.fired += 1

@@ -1,8 +1,9 @@
 """500 connect / disconnect cycles, cut at random points (half without a close handshake), spans requested all
 along so that some sessions leave mid-injection: memory stays flat.
 
-In process (server and clients together: an upper bound on the server's growth), without speech recognition: the
-spans are requested the way retrieval hands in an answer, `Session.request_span` on the server's loop.
+In process (server and clients together: an upper bound on the server's growth), with speech recognition (Whisper
+in its own process, outside the RSS measured) and recordings on, as served; the spans are requested the way
+retrieval hands in an answer, `Session.request_span` on the server's loop.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ async def cycle(server: InProcessServer, pcm: np.ndarray, rng: random.Random) ->
 
 
 def test_connect_disconnect_cycles_do_not_grow_memory(tmp_path: Path, speech: np.ndarray) -> None:
-    settings = pinned_settings(max_sessions=CLIENTS, recordings=False, asr=False)
+    settings = pinned_settings(max_sessions=CLIENTS, recordings_dir=tmp_path / "recordings")
     rng = random.Random(7)
     with in_process_server(settings, load_model("tiny")) as server:
         asked: set[str] = set()
@@ -109,6 +110,7 @@ def test_connect_disconnect_cycles_do_not_grow_memory(tmp_path: Path, speech: np
         after = process.memory_info().rss
         assert not server.state.sessions and server.state.batcher is not None and server.state.batcher.free == CLIENTS
         metrics = server.state.metrics.render().decode()
+    print(f"RSS grew {(after - before) / 2**20:.1f} MB over {CYCLES} cycles")
     assert after - before <= MAX_GROWTH_BYTES, f"RSS grew {(after - before) / 2**20:.1f} MB over {CYCLES} cycles"
     assert sum("session.ready" in s for s in seen) >= CYCLES // 4, "the sessions were served, not refused"
     spans = {result: float(count) for result, count in
