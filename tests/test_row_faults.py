@@ -16,7 +16,7 @@ from frontend_model.batch_engine import BatchEngine, RowFault
 from frontend_model.engine import SAMPLED, StepResult
 from frontend_model.loading import LoadedModel, load_model
 from frontend_model.row_sampling import RowSampling
-from tests.engine_helpers import ForwardFault, span_like_block, user_frames
+from tests.engine_helpers import ForwardFault, InjectedFault, span_like_block, user_frames
 
 CONTEXT = 8
 MAX_SPAN = 16
@@ -38,10 +38,10 @@ Output = tuple[int | None, tuple[int, ...] | None] | str
 
 
 def run(model: LoadedModel, kind: str | None, victim: int, compact: bool = True,
-        span_at: int | None = None) -> list[list[Output]]:
+        span_at: int | None = None, span_slot: int = 0) -> list[list[Output]]:
     """Every slot steps for TICKS with its own seed and audio; `victim` is armed at FAULT_AT (no fault if `kind` is
-    None) and its session ends there; slot 0 gets a span before tick `span_at`. Outputs per slot, 'fault' for a
-    RowFault."""
+    None) and its session ends there; `span_slot` gets a span before tick `span_at`. Outputs per slot, 'fault' for a
+    RowFault, 'span fault' for a span whose prefill raised (that session ends, as the Batcher ends it)."""
     frames = [user_frames(TICKS, 7 + slot) for slot in range(SLOTS)]
     got: list[list[Output]] = [[] for _ in range(SLOTS)]
     with BatchEngine(model, SLOTS, SAMPLED, max_span_frames=MAX_SPAN) as engine, ExitStack() as stack:
@@ -53,8 +53,12 @@ def run(model: LoadedModel, kind: str | None, victim: int, compact: bool = True,
             if tick == FAULT_AT and fault is not None:
                 fault.arm(victim)
             if tick == span_at:
-                engine.inject_slot(0, span_like_block(engine, MAX_SPAN, seed=3))
-            active = torch.tensor([not (slot == victim and tick > FAULT_AT) for slot in range(SLOTS)])
+                try:
+                    engine.inject_slot(span_slot, span_like_block(engine, MAX_SPAN, seed=3))
+                except InjectedFault:
+                    got[span_slot].append("span fault")
+            active = torch.tensor([not (slot == victim and tick > FAULT_AT) and "span fault" not in got[slot]
+                                   for slot in range(SLOTS)])
             for slot, result in enumerate(engine.step_slots(torch.stack([f[tick] for f in frames]), active)):
                 if isinstance(result, RowFault):
                     got[slot].append("fault")
@@ -83,6 +87,14 @@ def test_a_raise_with_a_span_in_the_same_tick_keeps_the_span(model: LoadedModel)
     faulty = run(model, "raise", 2, span_at=FAULT_AT)
     assert faulty[0] == clean[0] and faulty[1] == clean[1]
     assert faulty[2][FAULT_AT:] == ["fault"]
+
+
+def test_a_span_prefill_that_raises_fails_that_slot_only(model: LoadedModel) -> None:
+    """The victim's own span prefill raises (one-slot forward, the others masked and not computed)."""
+    clean = run(model, None, 1, span_at=FAULT_AT, span_slot=1)
+    faulty = run(model, "raise", 1, span_at=FAULT_AT, span_slot=1)
+    assert faulty[1][FAULT_AT:] == ["span fault"]
+    assert faulty[0] == clean[0] and faulty[2] == clean[2]
 
 
 def test_a_step_that_fails_for_every_row_raises_with_the_state_undone(model: LoadedModel) -> None:
