@@ -127,11 +127,14 @@ def test_connect_disconnect_cycles_do_not_grow_memory(tmp_path: Path, speech: np
         seen = asyncio.run(clients(CYCLES))
         after = process.memory_info().rss
         assert not server.state.sessions and server.state.batcher is not None and server.state.batcher.free == CLIENTS
+        backend = server.state.backend
+        assert backend is not None and backend.asr_process is not None, backend and backend.asr_error
         metrics = server.state.metrics.render().decode()
     print(f"RSS grew {(after - before) / 2**20:.1f} MB over {CYCLES} cycles; span outcomes:",
           Counter(e for s in seen for e in s if e.startswith("span.")))
     assert after - before <= MAX_GROWTH_BYTES, f"RSS grew {(after - before) / 2**20:.1f} MB over {CYCLES} cycles"
     assert sum("session.ready" in s for s in seen) >= CYCLES // 4, "the sessions were served, not refused"
+    assert len(list((tmp_path / "recordings").glob("*.wav"))) == CYCLES + WARM_UP_CYCLES
     spans = {result: float(count) for result, count in
              re.findall(r'^contextspan_span_injections_total\{result="(\w+)"\} (\S+)', metrics, re.M)}
     # Injected, or dropped mostly because the session left with the span pending: the mid-injection cycles.
