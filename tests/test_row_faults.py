@@ -16,7 +16,7 @@ from frontend_model.batch_engine import BatchEngine, RowFault
 from frontend_model.engine import SAMPLED, StepResult
 from frontend_model.loading import LoadedModel, load_model
 from frontend_model.row_sampling import RowSampling
-from tests.engine_helpers import ForwardFault, InjectedFault, span_like_block, user_frames
+from tests.engine_helpers import ForwardFault, InjectedFault, snapshot, span_like_block, user_frames
 
 CONTEXT = 8
 MAX_SPAN = 16
@@ -103,14 +103,20 @@ def test_a_step_that_fails_for_every_row_raises_with_the_state_undone(model: Loa
         for slot in range(2):
             engine.reset_slot(slot, sampling(slot))
         engine.step_slots(torch.stack([frames[0], frames[1]]), torch.tensor([True, True]))
-        before = engine.lm_gen._streaming_state.offsets.clone(), engine.sampler.draws.clone()
+        before, draws = snapshot(engine), engine.sampler.draws.clone()
         fault.arm(0)
         fault.arm(1)
         with pytest.raises(RowFault) as faults:
             raise_if_all_failed(engine.step_slots(torch.stack([frames[2], frames[3]]), torch.tensor([True, True])))
         assert "InjectedFault" in str(faults.value)
-        assert torch.equal(engine.lm_gen._streaming_state.offsets, before[0])
-        assert torch.equal(engine.sampler.draws, before[1])
+        after = snapshot(engine)
+        # Every counter back; the KV contents are not restored (StepCheckpoint: the written slot is the oldest).
+        assert torch.equal(after.ring, before.ring) and torch.equal(after.offsets, before.offsets)
+        assert after.offset_cpu == before.offset_cpu
+        for x, y in [*zip(after.kv_end, before.kv_end, strict=True),
+                     *zip(after.attn_offsets, before.attn_offsets, strict=True)]:
+            assert torch.equal(x, y)
+        assert torch.equal(engine.sampler.draws, draws)
 
 
 def raise_if_all_failed(results: list[StepResult | RowFault | None]) -> None:
