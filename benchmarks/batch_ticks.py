@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.report import machine_info, save_json
+from benchmarks.report import add_max_span_flag, machine_info, save_json
 from benchmarks.span_latency import span_of_frames, summarise
 from frontend_model.batch_engine import BatchEngine
 from frontend_model.codec import BatchFrameCodec
@@ -23,7 +23,7 @@ from server.settings import ServerSettings
 WARM_TICKS = 5
 
 
-def measure(model: LoadedModel, slots: int, ticks: int, span_frames: int) -> list[float]:
+def measure(model: LoadedModel, slots: int, ticks: int, span_frames: int, max_span: int) -> list[float]:
     sync = device_sync(model.device)
     rng = np.random.default_rng(slots)
     pcm = (0.1 * rng.standard_normal((slots, FRAME_SAMPLES))).astype(np.float32)
@@ -32,7 +32,7 @@ def measure(model: LoadedModel, slots: int, ticks: int, span_frames: int) -> lis
     codec = BatchFrameCodec(model.mimi, slots)
     codec.open()
     try:
-        with BatchEngine(model, slots, GREEDY, max_span_frames=max(span_frames, 1)) as engine:
+        with BatchEngine(model, slots, GREEDY, max_span_frames=max_span) as engine:
             tick_no = 0
 
             def tick() -> None:
@@ -68,8 +68,11 @@ def main(argv: list[str] | None = None) -> int:
                         "down for a while then weighs on every size alike, so their ratios stay fair")
     parser.add_argument("--torch-threads", type=int, default=ServerSettings().torch_threads,
                         help="torch CPU threads, as the server's --torch-threads (default: the server's default)")
+    add_max_span_flag(parser)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.span_frames > args.max_span_frames:
+        parser.error(f"--span-frames {args.span_frames} is over --max-span-frames {args.max_span_frames}")
     torch.set_num_threads(args.torch_threads)
     model = load_model(args.profile, args.checkpoint, device=args.device, context=args.context, reduced=args.reduced)
     per_round = max(1, args.ticks // args.rounds)
@@ -78,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {done + 1} of {args.rounds}", file=sys.stderr, flush=True)
         for slots in args.sessions:
             for frames in (0, args.span_frames):
-                samples.setdefault((slots, frames), []).extend(measure(model, slots, per_round, frames))
+                measured = measure(model, slots, per_round, frames, args.max_span_frames)
+                samples.setdefault((slots, frames), []).extend(measured)
     rows: list[dict[str, Any]] = []
     print(f"{'B':>4} | tick P50 (ms) | tick P99 (ms) | +span({args.span_frames}) P50 | +span P99")
     for slots in args.sessions:
@@ -91,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         row["p50_vs_one_session"] = row["tick"]["p50_ms"] / base if base else None
     save_json(args.json, {"benchmark": "batch", "profile": args.profile, "span_frames": args.span_frames,
+                          "max_span_frames": args.max_span_frames,
                           "rounds": args.rounds,
                           "machine": machine_info(str(model.device)), "rows": rows})
     return 0

@@ -34,6 +34,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sessions", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--profile", default="tiny")
+    parser.add_argument("--device", default=None, help="the server's --device (default: cuda if available, else cpu)")
     parser.add_argument("--wav", type=Path, help="speech to stream (looped); default: espeak-ng, else a tone")
     parser.add_argument("--url", help="an already running server (http://host:port); CPU/RSS then not measured")
     parser.add_argument("--json", type=Path, help="write the report here")
@@ -112,6 +113,7 @@ def report(args: argparse.Namespace, results: list[StreamResult], samples: dict,
     return {
         "benchmark": "load",
         "profile": args.profile,
+        "device": args.device,
         "sessions": args.sessions,
         "asr": args.asr if not args.url else None,
         "phases": args.phases,
@@ -153,7 +155,8 @@ def main(argv: list[str]) -> int:
                 # Exactly the sessions asked for: what the host cannot keep up with shows as deadline misses.
                 workdir, "--profile", args.profile, "--max-sessions", str(args.sessions), "--admission", "fixed",
                 "--recordings-dir", str(workdir / "recordings"), "--log-level", "warning",
-                "--asr" if args.asr else "--no-asr", "--align-phases" if args.align_phases else "--no-align-phases")
+                "--asr" if args.asr else "--no-asr", "--align-phases" if args.align_phases else "--no-align-phases",
+                *(("--device", args.device) if args.device else ()))
         try:
             results, samples = asyncio.run(drive(url, args.sessions, pcm, process.pid if process else None,
                                                  args.phases == "spread", args.page_ms * SAMPLE_RATE // 1000))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -25,6 +26,15 @@ def machine_info(device: str | None = None) -> dict[str, Any]:
         if device.startswith("cuda") and torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return info
+
+
+def add_max_span_flag(parser: argparse.ArgumentParser) -> None:
+    """`--max-span-frames`, defaulting to the server's (CONTEXTSPAN_MAX_SPAN_FRAMES included): every KV ring is widened
+    by it, so a bench that sized its rings by the spans it injects would attend over fewer slots than the server."""
+    from server.settings import ServerSettings
+
+    parser.add_argument("--max-span-frames", type=int, default=ServerSettings().max_span_frames,
+                        help="the server's --max-span-frames: the KV rings are widened by this much, as served")
 
 
 def save_json(path: Path | None, result: dict[str, Any]) -> None:

@@ -25,10 +25,9 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
-import websockets
 
 from benchmarks.report import machine_info, percentile, save_json
-from server.client import StreamResult, chat_url, speak, start_server, stop_server, stream
+from server.client import SessionClosed, StreamResult, chat_url, speak, start_server, stop_server, stream
 from server.protocol import CLOSE_NORMAL, CLOSE_TRY_AGAIN, FRAME_SAMPLES, SAMPLE_RATE
 
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
@@ -156,8 +155,8 @@ class Soak:
             try:
                 result = await stream(chat_url(ws_url, events=True), pcm[: frames * FRAME_SAMPLES],
                                       tail_s=rng.uniform(0.0, 0.6))
-            except websockets.ConnectionClosed as exc:  # before the handshake
-                code = exc.rcvd.code if exc.rcvd else 1006
+            except SessionClosed as exc:  # before the handshake
+                code = exc.code
                 if code == CLOSE_TRY_AGAIN:
                     self.minute(time.monotonic()).refused += 1
                     await asyncio.sleep(0.2)

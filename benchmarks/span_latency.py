@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from moshi.models.lm import LMGen
 
-from benchmarks.report import machine_info, save_json
+from benchmarks.report import add_max_span_flag, machine_info, save_json
 from frontend_model.block import Block
 from frontend_model.codec import FrameCodec
 from frontend_model.engine import GREEDY, Engine, device_sync, time_call
@@ -92,7 +92,7 @@ def next_step_logits(model: LoadedModel, frames: int, one_pass: bool, max_span: 
         return engine.last_text_logits.float().clone()
 
 
-def measure_frame(model: LoadedModel, repeats: int) -> list[float]:
+def measure_frame(model: LoadedModel, repeats: int, max_span: int) -> list[float]:
     """Whole frame at batch 1: Mimi encode, LM step, Mimi decode."""
     sync = device_sync(model.device)
     rng = np.random.default_rng(0)
@@ -100,7 +100,7 @@ def measure_frame(model: LoadedModel, repeats: int) -> list[float]:
     codec = FrameCodec(model.mimi)
     codec.open()
     try:
-        with Engine(model, GREEDY) as engine:
+        with Engine(model, GREEDY, max_span_frames=max_span) as engine:
 
             def frame() -> None:
                 out = engine.step(codec.encode(pcm))
@@ -142,12 +142,12 @@ def measure_depformer(model: LoadedModel, repeats: int) -> dict[str, Any] | None
 def run(args: argparse.Namespace) -> dict[str, Any]:
     model = load_model(args.profile, args.checkpoint, device=args.device, context=args.context, reduced=args.reduced)
     frames = sorted(set(args.frames))
-    max_span = max(max(frames), 1)
+    max_span = args.max_span_frames
     rows = []
     for n in frames:
         one_pass = measure_one_pass(model, n, args.repeats, max_span)
         row: dict[str, Any] = {"frames": n, "span_plus_step": summarise(one_pass)}
-        if n > 0:
+        if n > 0 and args.stepwise:
             stepwise = measure_stepwise(model, n, args.stepwise_repeats, max_span)
             row["stepwise_plus_step"] = summarise(stepwise)
             row["speedup"] = statistics.mean(stepwise) / statistics.mean(one_pass)
@@ -159,8 +159,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "span",
         "profile": args.profile,
         "dtype": str(model.lm.dtype),
+        "max_span_frames": max_span,
         "machine": machine_info(str(model.device)),
-        "frame": summarise(measure_frame(model, args.repeats)),
+        "frame": summarise(measure_frame(model, args.repeats, max_span)),
         "depformer": measure_depformer(model, args.repeats),
         "rows": rows,
     }
@@ -186,8 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=lambda s: [int(x) for x in s.split(",")], default=[0, 16, 64, 256, 600])
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--stepwise-repeats", type=int, default=3)
+    parser.add_argument("--stepwise", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the column-by-column reference and compare logits (slow for long spans)")
+    add_max_span_flag(parser)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args(argv)
+    if max(args.frames) > args.max_span_frames:
+        parser.error(f"--frames goes up to {max(args.frames)}, over --max-span-frames {args.max_span_frames}")
     print("     n | span+step mean +- std (ms) | P99 (ms) | stepwise (ms) | speed-up | max |dlogit|", flush=True)
     result = run(args)
     f = result["frame"]

@@ -90,6 +90,10 @@ class BatchEngine(Engine):
         # that job for a joining slot, and resetting the count would blank everyone's next outputs.
         state.offset_cpu = offset_cpu
 
+    def set_sampling(self, slot: int, sampling: RowSampling, restart: bool) -> None:
+        """A session changes its sampling mid-stream (between ticks); `restart` when it sent new seeds."""
+        self._sampler().set_row(slot, sampling, restart)
+
     @torch.no_grad()
     def step_slots(self, user_codes: torch.Tensor, active: torch.Tensor) -> list[StepResult | RowFault | None]:
         """One tick: `user_codes` [slots, user codebooks]; `active` [slots] (host) marks slots with a fresh frame.

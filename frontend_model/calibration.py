@@ -3,6 +3,7 @@ sessions by these numbers so that every frame keeps its deadline."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,9 +11,20 @@ import torch
 
 from frontend_model.batch_model import BatchedModel
 from frontend_model.block import Block
-from frontend_model.engine import GREEDY, Engine, PrefillCost, device_sync, interpolate, time_call
+from frontend_model.engine import (
+    DEFAULT_MAX_SPAN_FRAMES,
+    GREEDY,
+    Engine,
+    PrefillCost,
+    device_sync,
+    interpolate,
+    time_call,
+)
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel
+from frontend_model.memory import drop_streaming_state, release_memory
 from frontend_model.span_block import placeholder_rows
+
+logger = logging.getLogger(__name__)
 
 
 def calibration_sizes(max_frames: int) -> list[int]:
@@ -58,6 +70,7 @@ class TickCost:
 
     tick_s: dict[int, float]
     prefill: PrefillCost
+    memory_slots: int | None = None  # the largest batch that fits the device's memory, when calibration hit it
 
     def tick(self, batch: int) -> float:
         return interpolate(self.tick_s, batch)
@@ -74,30 +87,71 @@ class TickCost:
 
 
 def tick_sizes(max_batch: int) -> list[int]:
-    """Powers of two up to `max_batch`, `max_batch` itself and one more, to predict the tick a refusal avoids."""
-    return sorted({*calibration_sizes(max_batch), max_batch + 1})
+    """Powers of two up to `max_batch`, and `max_batch`: never more rows than the server may serve, so calibration
+    needs no memory that serving would not (the tick of one more is extrapolated where a refusal reports it)."""
+    return sorted(set(calibration_sizes(max_batch)))
+
+
+@dataclass(frozen=True)
+class TickCalibration:
+    ticks: dict[int, float]
+    memory_slots: int | None  # the largest batch that fits the device's memory; None when every size fitted
 
 
 @torch.no_grad()
-def calibrate_ticks(model: LoadedModel, sizes: list[int], repeats: int = 9,
-                    stop_above_s: float | None = None) -> dict[int, float]:
+def calibrate_ticks(model: LoadedModel, sizes: list[int], repeats: int = 9, stop_above_s: float | None = None,
+                    max_span_frames: int = DEFAULT_MAX_SPAN_FRAMES) -> TickCalibration:
     """Seconds of one tick (encode, step, decode) with all `b` slots stepping, for each b in `sizes` (ascending).
 
     Best of `repeats`, like calibrate_prefill: a noisy neighbour must not shrink the server's capacity. Sizes past
-    the first whose tick exceeds `stop_above_s` are not measured: they could not be admitted anyway.
+    the first whose tick exceeds `stop_above_s` are not measured: they could not be admitted anyway. A size that
+    runs out of device memory ends the calibration at the largest batch that fits, found between the last size that
+    fitted and that one, instead of failing the load. One batch is alive at a time, on the model's own weights.
+    The KV rings are widened by `max_span_frames` as the served ones are, since a step attends over the whole ring.
     """
+    ticks: dict[int, float] = {}
+    fits = 0
+    for batch in sizes:
+        tick = _tick_or_oom(model, batch, repeats, max_span_frames)
+        if tick is None:
+            return _memory_bound(model, ticks, fits, batch, repeats, max_span_frames)
+        ticks[batch], fits = tick, batch
+        if stop_above_s is not None and tick > stop_above_s:
+            break
+    return TickCalibration(ticks, None)
+
+
+def _memory_bound(model: LoadedModel, ticks: dict[int, float], fits: int, too_many: int, repeats: int,
+                  max_span_frames: int) -> TickCalibration:
+    """Bisect between a batch that fitted and one that did not, measuring the ones that fit."""
+    while too_many - fits > 1:
+        batch = (fits + too_many) // 2
+        tick = _tick_or_oom(model, batch, repeats, max_span_frames)
+        if tick is None:
+            too_many = batch
+        else:
+            ticks[batch], fits = tick, batch
+    if fits == 0:
+        raise torch.OutOfMemoryError(f"not even one session fits the memory of {model.device}")
+    logger.warning("a batch of %d session(s) does not fit the memory of %s: calibrated up to %d", too_many,
+                   model.device, fits)
+    return TickCalibration(ticks, fits)
+
+
+def _tick_or_oom(model: LoadedModel, batch: int, repeats: int, max_span_frames: int) -> float | None:
+    """Best tick of `batch` rows, or None when they do not fit the device's memory (everything they took freed)."""
     sync = device_sync(model.device)
     pcm = np.zeros(FRAME_SAMPLES, np.float32)
-    ticks: dict[int, float] = {}
-    for batch in sizes:
-        batched = BatchedModel(model, batch, GREEDY)
+    batched = BatchedModel(model, batch, GREEDY, max_span_frames)
+    try:
         batched.start()
-        try:
-            batched.warm_up()
-            frames = dict.fromkeys(range(batch), pcm)
-            ticks[batch] = min(time_call(lambda f=frames, b=batched: b.tick(f), sync) for _ in range(repeats))
-        finally:
-            batched.close()
-        if stop_above_s is not None and ticks[batch] > stop_above_s:
-            break
-    return ticks
+        batched.warm_up()
+        frames = dict.fromkeys(range(batch), pcm)
+        return min(time_call(lambda: batched.tick(frames), sync) for _ in range(repeats))
+    except torch.OutOfMemoryError:
+        pass  # freed below, once the exception and the frames it holds are gone
+    finally:
+        batched.close()
+    drop_streaming_state(model.lm, model.mimi)  # entering streaming may have stopped half way
+    release_memory(model.device)
+    return None

@@ -26,7 +26,7 @@ from moshi.models.lm import LMGen
 
 from frontend_model.block import Block, Prefix
 from frontend_model.columns import delayed_columns, embed_columns, forward_embeddings, initial_columns
-from frontend_model.kv_ring import widen_kv_rings
+from frontend_model.kv_ring import wide_rings
 from frontend_model.loading import LoadedModel
 from frontend_model.row_sampling import RowSampler, RowSampling, SamplingConfig, Stream
 from frontend_model.row_view import rows
@@ -150,9 +150,10 @@ class Engine:
             raise EngineStateError("engine is closed; create a new one")
         if self._started:
             raise EngineStateError("engine already started")
-        self._stream = self.lm_gen.streaming(self.slots)
+        with wide_rings(self.model.lm.transformer, self.max_span_frames) as capacity:
+            self._stream = self.lm_gen.streaming(self.slots)
+        self.kv_capacity = capacity
         self.sampler = RowSampler(self.slots, RowSampling.from_config(self.sampling), self.model.device)
-        self.kv_capacity = widen_kv_rings(self.model.lm.transformer, self.max_span_frames)
         self._started = True
 
     def close(self) -> None:

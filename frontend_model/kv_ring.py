@@ -8,8 +8,18 @@ limits each query to `context` past frames, so one-pass injection equals frame-b
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+
 import torch
-from moshi.modules.transformer import KVCacheResult, RingKVCache, StreamingMultiheadAttention, StreamingTransformer
+from moshi.modules.transformer import (
+    KVCacheResult,
+    RingKVCache,
+    StreamingMultiheadAttention,
+    StreamingTransformer,
+    _MHAState,
+)
 
 
 class MaskedRingKVCache(RingKVCache):
@@ -38,23 +48,39 @@ def attention_layers(transformer: StreamingTransformer) -> list[StreamingMultihe
     ]
 
 
-def widen_kv_rings(transformer: StreamingTransformer, extra_frames: int) -> int:
-    """Replace each self-attention ring by one with `extra_frames` more slots; returns the new capacity.
+@contextmanager
+def wide_rings(transformer: StreamingTransformer, extra_frames: int) -> Iterator[int]:
+    """Streaming entered inside the block gives each self-attention layer a masked ring of `context + extra_frames`
+    slots; yields that capacity.
 
-    Must run right after entering streaming, before the first step, since the new rings start empty.
+    The wide ring is the layer's only ring: it is created in place of moshi's `context`-slot one, never next to it, so
+    entering streaming for B rows allocates B rows of wide rings and nothing more (tests/test_memory.py counts it).
     """
-    capacity = 0
-    for attn in attention_layers(transformer):
-        state = attn._streaming_state
-        if state is None or state.kv_cache is None or attn.context is None:
-            raise RuntimeError("widen_kv_rings needs a streaming transformer with a finite attention context")
-        old = state.kv_cache
-        if int(old.end_offset.max()) != 0:
-            raise RuntimeError("widen_kv_rings must run before the first step")
-        _, batch, heads, _, dim = old.cache.shape
-        capacity = attn.context + extra_frames
-        state.kv_cache = MaskedRingKVCache(
-            batch, heads, dim, capacity, respect_exec_mask=old.respect_exec_mask,
-            device=old.cache.device, dtype=old.cache.dtype,
-        )
-    return capacity
+    layers = attention_layers(transformer)
+    if any(attn.context is None for attn in layers):
+        raise RuntimeError("wide_rings needs a transformer with a finite attention context")
+    capacity = max((attn.context or 0) + extra_frames for attn in layers) if layers else 0
+    for attn in layers:
+        attn._init_streaming_state = partial(_wide_state, attn, extra_frames)  # type: ignore[method-assign]
+    try:
+        yield capacity
+    finally:
+        for attn in layers:
+            del attn._init_streaming_state
+
+
+def _wide_state(attn: StreamingMultiheadAttention, extra_frames: int, batch_size: int) -> _MHAState:
+    """moshi's own state, built while the layer's context reads `context + extra_frames` (its ring's capacity is the
+    only use of it there), with the ring re-typed to MaskedRingKVCache over the same tensors."""
+    context = attn.context
+    assert context is not None
+    attn.context = context + extra_frames
+    try:
+        state = type(attn)._init_streaming_state(attn, batch_size)
+    finally:
+        attn.context = context
+    if state.kv_cache is not None:
+        ring = MaskedRingKVCache.__new__(MaskedRingKVCache)
+        vars(ring).update(vars(state.kv_cache))
+        state.kv_cache = ring
+    return state

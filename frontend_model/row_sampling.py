@@ -112,8 +112,9 @@ class RowSampler:
         for slot in range(slots):
             self.set_row(slot, default)
 
-    def set_row(self, slot: int, sampling: RowSampling) -> None:
-        """A session's settings for `slot`, its draw count back to 0: the same seed repeats the same draws."""
+    def set_row(self, slot: int, sampling: RowSampling, restart: bool = True) -> None:
+        """A session's settings for `slot`. `restart` puts its draw count back to 0: the same seed repeats the same
+        draws; without it the row goes on with its draws under the new temperatures and top-k."""
         if not 0 <= sampling.text_seed < SEED_LIMIT or not 0 <= sampling.audio_seed < SEED_LIMIT:
             raise ValueError(f"seeds must be in 0..{SEED_LIMIT - 1}")
         if min(sampling.text_temperature, sampling.audio_temperature, sampling.text_topk, sampling.audio_topk) < 0:
@@ -125,7 +126,8 @@ class RowSampler:
             self.topk[stream][slot] = topk
             self.seed[stream][slot] = seed
             self._keep[stream][slot] = 1 if temperature <= 0 else topk
-        self.draws[slot] = 0
+        if restart:
+            self.draws[slot] = 0
 
     @contextmanager
     def installed(self, active: torch.Tensor, lo: int = 0, hi: int | None = None) -> Iterator[None]:

@@ -44,6 +44,7 @@ setup_debian_test_packages() {
     command -v espeak-ng >/dev/null || missing+=(espeak-ng)
     command -v sox >/dev/null || missing+=(sox)
     command -v chromium >/dev/null || missing+=(chromium chromium-driver)
+    compgen -G "/usr/lib/*/libopus.so.0" >/dev/null || missing+=(libopus0)  # for fujielab-moshi-client's opuslib
     if [ ${#missing[@]} -gt 0 ]; then
         echo "contextspan: installing Debian packages: ${missing[*]}" >&2
         as_root apt-get update -qq

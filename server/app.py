@@ -18,7 +18,16 @@ from frontend_model.batch_engine import RowFault
 from frontend_model.batch_model import BatchedModel
 from frontend_model.calibration import TickCost, calibrate_prefill, calibrate_ticks, tick_sizes
 from frontend_model.engine import no_span_budget_warning
-from frontend_model.loading import LoadedModel, ModelLoadError, load_model
+from frontend_model.loading import LoadedModel, ModelLoadError, default_device, load_model
+from frontend_model.memory import (
+    DeviceMemory,
+    device_memory,
+    free_bytes,
+    release_model,
+    session_bytes,
+    set_device,
+    weight_bytes,
+)
 from frontend_model.span_block import MIN_SPAN_FRAMES
 from server import auth
 from server import protocol as p
@@ -56,6 +65,7 @@ class ServerState:
     worker: ModelWorker | None = None
     load_error: str | None = None
     backend: Backend | None = None
+    memory: DeviceMemory | None = None  # the model's device memory when its batch started (memory_report)
     trigger: ResolvedTrigger | None = None  # resolved for the loaded checkpoint (server/trigger.py)
     sessions: dict[str, Session] = field(default_factory=dict)
     tokens: auth.TokenIssuer = field(init=False)
@@ -90,6 +100,17 @@ class ServerState:
             await asyncio.sleep(0.02)
 
 
+def model_loader(settings: ServerSettings, profile: str, checkpoint: str | None) -> Callable[[], LoadedModel]:
+    """Loads the served model; runs on a thread of its own, which it first places on the model's CUDA device so that
+    what loading runs there (and a cuda:N model's kernels) do not land on cuda:0."""
+
+    def load() -> LoadedModel:
+        set_device(settings.device or default_device())
+        return load_model(profile, checkpoint, settings.device, None, None, settings.seed)
+
+    return load
+
+
 async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callable[[], LoadedModel] | None:
     """Load, calibrate and warm up off the event loop, so /healthz answers while a big model loads.
 
@@ -103,10 +124,7 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
         profile, checkpoint = settings.resolved_profile(torch.cuda.is_available())
         if preloaded is not None:
             profile = preloaded.profile
-
-        def load() -> LoadedModel:
-            return load_model(profile, checkpoint, settings.device, None, None, settings.seed)
-
+        load = model_loader(settings, profile, checkpoint)
         model = preloaded or await asyncio.to_thread(load)
         worker = ModelWorker(str(model.device))
         cost = await calibrate(state, model, worker)
@@ -139,15 +157,16 @@ async def calibrate(state: ServerState, model: LoadedModel, worker: ModelWorker)
     max_sessions = state.settings.max_sessions
     limit_s = state.settings.deadline_ms / 1e3 * TICK_SHARE
     prefill = await worker.run(lambda: calibrate_prefill(model, state.settings.max_span_frames))
-    ticks = await worker.run(lambda: calibrate_ticks(model, tick_sizes(max_sessions), stop_above_s=limit_s))
-    return TickCost(ticks, prefill)
+    ticks = await worker.run(lambda: calibrate_ticks(model, tick_sizes(max_sessions), stop_above_s=limit_s,
+                                                       max_span_frames=state.settings.max_span_frames))
+    return TickCost(ticks.ticks, prefill, ticks.memory_slots)
 
 
 async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWorker, cost: TickCost) -> Batcher:
     """As many slots as admission allows, in one batched model, warmed up and ticking."""
     settings = state.settings
     budget_s = settings.deadline_ms / 1e3
-    admitted = admit(settings.admission, cost.tick, budget_s, settings.max_sessions)
+    admitted = admit(settings.admission, cost.tick, budget_s, settings.max_sessions, cost.memory_slots)
     span_budget_s = cost.span_budget(budget_s, admitted.slots)
     batched = BatchedModel(model, admitted.slots, max_span_frames=settings.max_span_frames,
                            cost=cost.prefill if settings.span_cap == "calibrated" else None,
@@ -156,10 +175,21 @@ async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWor
         logger.warning(no_span_budget_warning(cost.prefill, span_budget_s))
     await worker.run(batched.start)
     await worker.run(batched.warm_up)
+    per_session = session_bytes(model.lm, model.mimi, settings.max_span_frames).total
+    state.memory = await worker.run(lambda: device_memory(model.lm, model.mimi, per_session))
     batcher = Batcher(batched, worker, cost, admitted, budget_s, settings.span_deadline_s, state.metrics)
     batcher.start()
     state.metrics.session_slots.set(admitted.slots)
     return batcher
+
+
+def memory_report(state: ServerState) -> DeviceMemory | None:
+    """Live on CUDA (the allocator's counters cost nothing to read); on CPU the count taken when the batch started,
+    since the weights and the preallocated streaming state do not change while serving."""
+    model, memory = state.model, state.memory
+    if model is not None and memory is not None and model.device.type == "cuda":
+        state.memory = memory = device_memory(model.lm, model.mimi, memory.session_bytes)
+    return memory
 
 
 async def watch_worker(state: ServerState, make_model: Callable[[], LoadedModel]) -> None:
@@ -185,10 +215,32 @@ async def watch_worker(state: ServerState, make_model: Callable[[], LoadedModel]
         for session in list(state.sessions.values()):
             session.end(p.CLOSE_INTERNAL, p.close_reason("worker_restarted", "the model worker stalled"))
         await batcher.stop(WorkerRestarted("the model worker stalled and was restarted"))
+        memory, state.memory = state.memory, None
+        refusal = await asyncio.to_thread(write_off, batcher.model, memory.session_bytes if memory else 0)
+        if refusal is not None:
+            state.load_error = refusal
+            logger.error("model worker not restarted: %s", refusal)
+            return
         model = await asyncio.to_thread(make_model)
         state.batcher = await start_batcher(state, model, worker, batcher.cost)
         state.model = model
         logger.info("model worker restarted; %d slot(s) ready again", state.batcher.size)
+
+
+def write_off(batched: BatchedModel, per_session: int) -> str | None:
+    """Free a stuck worker's model before another is loaded; why a reload cannot fit beside what is still held, or
+    None. Emptying its tensors frees them though the stuck thread references the modules; only what a call still
+    running holds (a hung kernel's operands) stays until that call returns, and a GPU that cannot hold a second copy
+    beside it must not try."""
+    model = batched.model
+    need = weight_bytes(model.lm, model.mimi) + batched.slots * per_session
+    release_model(model.lm, model.mimi)
+    batched.close()  # its engine's exit stack still held the streaming states
+    free = free_bytes(model.device)
+    if free >= need:
+        return None
+    return (f"the stuck call still holds memory on {model.device}: {free / 2**30:.2f} GiB free, a reload needs "
+            f"{need / 2**30:.2f} GiB; restart the process")
 
 
 def create_app(settings: ServerSettings | None = None, model: LoadedModel | None = None) -> FastAPI:
@@ -235,6 +287,7 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
     @app.get("/metrics")
     async def metrics() -> Response:
         state.metrics.sessions_active.set(len(state.sessions))
+        state.metrics.set_memory(memory_report(state))
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/api/token")
@@ -329,6 +382,7 @@ def _info(state: ServerState) -> dict[str, object]:
         "app_spans": state.settings.app_spans,
         "auth": bool(state.settings.api_keys),
         "draining": state.draining,
+        "memory": memory.as_dict() if (memory := memory_report(state)) else None,
     }
 
 

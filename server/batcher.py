@@ -118,6 +118,10 @@ class Batcher:
         self._active.add(slot)
         return prefill_s
 
+    async def set_sampling(self, slot: int, sampling: RowSampling, restart: bool) -> None:
+        """New sampling for `slot` from its next frame on, set on the worker between ticks."""
+        await self.worker.run(lambda: self.model.engine.set_sampling(slot, sampling, restart))
+
     def release(self, slot: int) -> None:
         """The session is gone: its slot stops counting for ticks and is free for the next session, whose `open`
         queues behind any tick in flight on the worker."""

@@ -1,4 +1,4 @@
-"""`contextspan serve` and `contextspan bench ...`: flags mirror ServerSettings field by field."""
+"""`contextspan serve`, `ask`, `infer` (flags mirror ServerSettings field by field), `client` and `bench ...`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import importlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -69,7 +68,6 @@ def serve(settings: ServerSettings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("NO_TORCH_COMPILE", "1")
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="contextspan", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -88,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     add_settings_flags(infer_parser)
     bench = commands.add_parser("bench", help="benchmarks: `load`, `span`, `retrieval`, `batch`, `soak`, `faults`")
     bench.add_argument("which", choices=list(BENCHMARKS))
+    commands.add_parser("client", help="say an audio file to a server: write the agent's voice, print its events")
+    if argv[:1] == ["client"]:  # the client owns its flags, and needs no server settings
+        from server.client import client_main
+
+        return client_main(argv[1:])
     if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] in BENCHMARKS:
         # The benchmark modules own their flags.
         return int(importlib.import_module(BENCHMARKS[argv[1]]).main(argv[2:]))

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import signal
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -23,11 +24,19 @@ from server.settings import ServerSettings
 logger = logging.getLogger(__name__)
 
 
+def websocket_config(settings: ServerSettings) -> dict[str, Any]:
+    """uvicorn's WebSocket options. Its pings are what a binary Moshi client gets while its session prefills: a
+    control frame that browsers and websockets clients answer on their own and that never reaches the page, so a
+    client waiting for the handshake hears from the server every `keepalive_s` and understands all it hears."""
+    return {"ws": "websockets-sansio", "ws_max_size": settings.max_message_bytes,
+            "ws_ping_interval": settings.keepalive_s, "ws_ping_timeout": settings.keepalive_timeout_s}
+
+
 class DrainingServer(uvicorn.Server):
     def __init__(self, app: FastAPI, settings: ServerSettings) -> None:
         config = uvicorn.Config(
             app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None,
-            ws_max_size=settings.max_message_bytes, ws="websockets-sansio", lifespan="on",
+            lifespan="on", **websocket_config(settings),
             proxy_headers=True, forwarded_allow_ips=settings.trusted_proxies,
             timeout_graceful_shutdown=max(1.0, settings.shutdown_grace_s),
         )

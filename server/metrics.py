@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from frontend_model.memory import DeviceMemory
 
 _MS_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.5, 1.0)
 
@@ -66,6 +70,23 @@ class Metrics:
         self.protocol_errors = Counter(
             "contextspan_protocol_errors", "Bad client messages by code", ["code"], registry=r
         )
+        self.device_memory = Gauge(
+            "contextspan_device_memory_bytes", "The model's device memory: in_use, reserved, total, weights, and "
+            "per_session (one session's KV caches)", ["kind"], registry=r,
+        )
+        self.memory_sessions = Gauge(
+            "contextspan_memory_session_capacity", "Sessions whose state fits the device's memory beside the weights",
+            registry=r,
+        )
+
+    def set_memory(self, memory: DeviceMemory | None) -> None:
+        if memory is None:
+            return
+        for kind, value in (("in_use", memory.in_use_bytes), ("reserved", memory.reserved_bytes),
+                            ("total", memory.total_bytes), ("weights", memory.weight_bytes),
+                            ("per_session", memory.session_bytes)):
+            self.device_memory.labels(kind).set(value)
+        self.memory_sessions.set(memory.sessions_fit)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -66,10 +66,10 @@ SEED_LIMIT = 2**32
 UNSUPPORTED_SAMPLING = ("pad_mult", "repetition_penalty_context", "repetition_penalty")
 
 
-class SamplingQuery(BaseModel):
-    """The sampling query parameters of Kyutai's clients; one left out takes the checkpoint's default."""
+class SamplingUpdate(BaseModel):
+    """Sampling settings a session chooses; one left out keeps its value (at connect: the checkpoint's default)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     text_temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)
     text_topk: int | None = Field(None, ge=0)
@@ -77,6 +77,16 @@ class SamplingQuery(BaseModel):
     audio_topk: int | None = Field(None, ge=0)
     text_seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
     audio_seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
+
+    def chosen(self) -> dict[str, float | int]:
+        return {name: value for name in SamplingUpdate.model_fields if (value := getattr(self, name)) is not None}
+
+
+class SamplingQuery(SamplingUpdate):
+    """The sampling query parameters of Kyutai's clients; one left out takes the checkpoint's default."""
+
+    model_config = ConfigDict(extra="ignore")
+
     pad_mult: float | None = Field(None, allow_inf_nan=False)
     repetition_penalty_context: float | None = Field(None, allow_inf_nan=False)
     repetition_penalty: float | None = Field(None, allow_inf_nan=False)
@@ -125,6 +135,8 @@ class SessionUpdate(BaseModel):
     voice: str | None = Field(None, max_length=200)
     profile: UserProfile | None = None
     notes: str | None = Field(None, max_length=8000)
+    sampling: SamplingUpdate | None = Field(
+        None, description="from the next frame on; new seeds restart the session's draws from them")
 
 
 # Longer app text would be cut to the span's frame cap anyway (a few hundred characters at most on any machine).
@@ -197,10 +209,22 @@ class SessionReady(ServerEvent):
     recording: dict[str, str] | None = None
 
 
+class SessionPreparing(ServerEvent):
+    """The session is accepted but not ready: sent every `keepalive_s` until the handshake, so that a client's idle
+    timer does not fire during a long prefill. Only to events clients; binary ones get WebSocket pings."""
+
+    type: Literal["session.preparing"] = "session.preparing"
+    stage: Literal["prefix", "prefill"] = Field(
+        description="prefix: tokenising the persona and reading the voice prompt; prefill: the model writes it")
+    elapsed_s: float = Field(description="seconds since the session was accepted")
+    prefix_frames: int | None = Field(None, description="frames to prefill, once the prefix is built")
+
+
 class SessionUpdated(ServerEvent):
     type: Literal["session.updated"] = "session.updated"
     profile: UserProfile | None = None
     notes: str | None = None
+    sampling: Sampling | None = Field(None, description="the sampling in effect (before the handshake: null)")
 
 
 class AgentText(ServerEvent):
@@ -284,8 +308,8 @@ class Stats(ServerEvent):
 
 
 Event = Annotated[
-    SessionReady | SessionUpdated | AgentText | UserTranscript | Retrieval | Question | SpanInjected
-    | SpanDropped | ErrorEvent | SessionEnding | Stats,
+    SessionReady | SessionPreparing | SessionUpdated | AgentText | UserTranscript | Retrieval | Question
+    | SpanInjected | SpanDropped | ErrorEvent | SessionEnding | Stats,
     Field(discriminator="type"),
 ]
 _event_adapter: TypeAdapter[Event] = TypeAdapter(Event)

@@ -15,9 +15,11 @@ import secrets
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 from opentelemetry import trace
+from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketState
 
 from backend_agent.context_store import Profile
@@ -80,10 +82,7 @@ class SessionOptions:
 
 def resolve_sampling(defaults: SamplingConfig, query: p.SamplingQuery) -> RowSampling:
     """The query's settings over the checkpoint's defaults; a seed not given is drawn, and reported."""
-    base = RowSampling.from_config(defaults, query.text_seed, query.audio_seed)
-    chosen = {name: value for name in ("text_temperature", "text_topk", "audio_temperature", "audio_topk")
-              if (value := getattr(query, name)) is not None}
-    return replace(base, **chosen)
+    return replace(RowSampling.from_config(defaults, query.text_seed, query.audio_seed), **query.chosen())
 
 
 @dataclass
@@ -92,6 +91,17 @@ class _SecondStats:
     frames_out: int = 0
     latencies_ms: list[float] = field(default_factory=list)
     deadline_misses: int = 0
+
+
+@dataclass
+class _Preparing:
+    """Where a session's preparation stands, for `session.preparing`."""
+
+    started: float
+    stage: Literal["prefix", "prefill"] = "prefix"
+    prefix_frames: int | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    early: list[Message] = field(default_factory=list)  # what the client sent before the handshake
 
 
 class Session:
@@ -132,6 +142,7 @@ class Session:
         self._frames: deque[InputFrame] = deque()
         self._frame_ready = asyncio.Event()
         self._span: SpanRequest | None = None
+        self.sampling: RowSampling | None = None  # in effect, from the prefill on
         self._second = _SecondStats()
         self._audio_messages_sent = 0
         self.input_dropped = 0
@@ -161,10 +172,13 @@ class Session:
 
     def emit(self, event: p.ServerEvent) -> None:
         """Record an event in the transcript and, if the client asked for events, send it."""
-        if self.recording is not None:
-            self.recording.transcript.write(p.event_record(event, time.time()))
+        self._record(event)
         if self.options.events:
             self.outbound.put(Outgoing("text", p.encode_event(event)))
+
+    def _record(self, event: p.ServerEvent) -> None:
+        if self.recording is not None:
+            self.recording.transcript.write(p.event_record(event, time.time()))
 
     def notify_ending(self, reason: str, in_s: float) -> None:
         self.emit(p.SessionEnding(t=self.assembler.stream_time, reason=reason, in_s=round(in_s, 3)))  # type: ignore[arg-type]
@@ -182,11 +196,24 @@ class Session:
             await self._run()
 
     async def _run(self) -> None:
-        # Tokenising and reading a voice file: off the event loop, and off the worker that steps the others.
-        prefix = await asyncio.to_thread(build_persona_block, self.model, self.options.persona, self.options.voice,
-                                         self.batcher.max_prefix_frames)
-        sampling = resolve_sampling(self.batcher.sampling, self.options.sampling)
-        prefill_s = await self.batcher.open(self.slot, prefix, sampling)
+        preparing = _Preparing(time.perf_counter())
+        announcer = asyncio.create_task(self._announce_preparing(preparing)) if self.options.events else None
+        holder = asyncio.create_task(self._hold_early_messages(preparing.early))
+        try:
+            # Tokenising and reading a voice file: off the event loop, and off the worker that steps the others.
+            prefix = await asyncio.to_thread(build_persona_block, self.model, self.options.persona,
+                                             self.options.voice, self.batcher.max_prefix_frames)
+            preparing.stage, preparing.prefix_frames = "prefill", prefix.frames if prefix else 0
+            sampling = self.sampling = resolve_sampling(self.batcher.sampling, self.options.sampling)
+            prefill_s = await self.batcher.open(self.slot, prefix, sampling)
+        finally:
+            preparing.done.set()
+            holder.cancel()  # a read cancelled while waiting takes nothing off uvicorn's queue
+            await asyncio.wait([holder])
+            if announcer is not None:
+                await announcer  # it stops between two sends: nothing of an event is cut off by the handshake
+        if not holder.cancelled() and (error := holder.exception()) is not None:
+            raise error
         await self.ws.send_bytes(p.handshake())
         logger.info("session %s ready (prefix %d frames, prefill %.1f ms)", self.id,
                     prefix.frames if prefix else 0, prefill_s * 1e3)
@@ -202,7 +229,7 @@ class Session:
                 self.id, self.user_id, self._on_answer, self.emit, lambda: self.assembler.stream_time,
                 self._on_backend_error, self.trigger)
         try:
-            error = await self._stream()
+            error = await self._stream(preparing.early)
             if error is not None:
                 raise error
         finally:
@@ -212,12 +239,36 @@ class Session:
             if retrieval is not None:
                 await retrieval.close()
 
-    async def _stream(self) -> BaseException | None:
+    async def _hold_early_messages(self, early: list[Message]) -> None:
+        """Reads what a client sends before the handshake, to be handled first once streaming. Unread, one message
+        stops uvicorn reading the socket, pongs included, and a prefill longer than `keepalive_s` +
+        `keepalive_timeout_s` would close the socket 1011. Past `input_backlog_frames` messages reading stops
+        (the client is held back by TCP, as before)."""
+        while len(early) < self.settings.input_backlog_frames:
+            early.append(message := await self.ws.receive())
+            if message["type"] == "websocket.disconnect":
+                return
+
+    async def _announce_preparing(self, preparing: _Preparing) -> None:
+        """`session.preparing` every `keepalive_s` until the prefix is in, sent directly: the sender task that
+        drains the outbound queue starts with the stream. A quick prefill sends none."""
+        while True:
+            try:
+                await asyncio.wait_for(preparing.done.wait(), self.settings.keepalive_s)
+                return
+            except TimeoutError:
+                pass
+            event = p.SessionPreparing(t=0.0, stage=preparing.stage, prefix_frames=preparing.prefix_frames,
+                                       elapsed_s=round(time.perf_counter() - preparing.started, 2))
+            self._record(event)
+            await self.ws.send_text(p.encode_event(event))
+
+    async def _stream(self, early: list[Message]) -> BaseException | None:
         """Run the session's tasks until one ends, then stop them all; returns what ended it, if an error did.
 
         Returned, not raised: the tasks hold the error and this frame holds the tasks, so a raise from here would
         put the frame in the error's traceback, a cycle that keeps the whole session until the collector runs."""
-        tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._send_loop()),
+        tasks = [asyncio.create_task(self._receive_loop(early)), asyncio.create_task(self._send_loop()),
                  asyncio.create_task(self._frame_loop()), asyncio.create_task(self._stats_loop()),
                  asyncio.create_task(self._duration_loop()), asyncio.create_task(self._wait_for_end())]
         try:
@@ -270,23 +321,32 @@ class Session:
                 await self.ws.close(code, reason)
 
     # receive -----------------------------------------------------------------------------------------------
-    async def _receive_loop(self) -> None:
-        while True:
-            message = await self.ws.receive()
-            if message["type"] == "websocket.disconnect":
+    async def _receive_loop(self, early: list[Message]) -> None:
+        """`early`: the messages read before the handshake, handled first."""
+        for message in early:
+            if not await self._on_message(message):
                 return
-            if not self.limiter.allow():
-                self.metrics.protocol_errors.labels("rate_limited").inc()
-                raise SessionEnd(p.CLOSE_POLICY, p.close_reason(
-                    "rate_limited", f"over {self.settings.max_messages_per_s:g} messages a second"))
-            data = message.get("bytes")
-            try:
-                if data is not None:
-                    self._on_binary(data)
-                elif message.get("text") is not None:
-                    self._on_text(message["text"])
-            except p.ProtocolError as exc:
-                self._protocol_error(exc)
+        early.clear()  # up to `input_backlog_frames` messages of up to `max_message_bytes`: not kept all session
+        while await self._on_message(await self.ws.receive()):
+            pass
+
+    async def _on_message(self, message: Message) -> bool:
+        """Handles one ASGI message; False once the client has gone."""
+        if message["type"] == "websocket.disconnect":
+            return False
+        if not self.limiter.allow():
+            self.metrics.protocol_errors.labels("rate_limited").inc()
+            raise SessionEnd(p.CLOSE_POLICY, p.close_reason(
+                "rate_limited", f"over {self.settings.max_messages_per_s:g} messages a second"))
+        data = message.get("bytes")
+        try:
+            if data is not None:
+                self._on_binary(data)
+            elif message.get("text") is not None:
+                await self._on_text(message["text"])
+        except p.ProtocolError as exc:
+            self._protocol_error(exc)
+        return True
 
     def _on_binary(self, data: bytes) -> None:
         kind, payload = p.decode_binary(data)
@@ -316,13 +376,13 @@ class Session:
             logger.info("session %s: %.0f ms of silence ahead of its audio, to end frames with the other sessions",
                         self.id, pad / SAMPLE_RATE * 1e3)
 
-    def _on_text(self, text: str) -> None:
+    async def _on_text(self, text: str) -> None:
         self.options.events = True  # a client that sends text reads text: JSON events (and errors) from now on
         message = p.parse_client_text(text)
         if isinstance(message, p.SpanInject):
             self._inject_app_span(message)
         else:
-            self._update(message)
+            await self._update(message)
 
     def _inject_app_span(self, message: p.SpanInject) -> None:
         """App text becomes a span exactly as a retrieval answer does: same scrubber, cap, deadline and events.
@@ -338,7 +398,7 @@ class Session:
         self._last_app_span = now
         self.request_span(message.text, message.source or "app", tool="app")
 
-    def _update(self, update: p.SessionUpdate) -> None:
+    async def _update(self, update: p.SessionUpdate) -> None:
         if update.persona is not None or update.voice is not None:
             raise p.ProtocolError(
                 "persona_locked", "persona and voice are prefilled before the handshake: pass them as the "
@@ -349,8 +409,13 @@ class Session:
             self.options.notes = update.notes
         if self.backend is not None:
             self._store_profile(self.backend, update)
+        if update.sampling is not None and self.sampling is not None:
+            self.sampling = replace(self.sampling, **update.sampling.chosen())
+            restart = update.sampling.text_seed is not None or update.sampling.audio_seed is not None
+            await self.batcher.set_sampling(self.slot, self.sampling, restart)
         self.emit(p.SessionUpdated(t=self.assembler.stream_time, profile=self.options.profile,
-                                   notes=self.options.notes))
+                                   notes=self.options.notes,
+                                   sampling=p.Sampling(**asdict(self.sampling)) if self.sampling else None))
 
     def _protocol_error(self, exc: p.ProtocolError) -> None:
         """Report a bad message and go on: Moshi clients may send kinds this server does not use (Kyutai's

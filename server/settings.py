@@ -56,6 +56,12 @@ class ServerSettings(BaseSettings):
         "startup measurement; fixed: spans up to max_span_frames whatever it says (tests, slow hosts)")
     max_connections_per_ip: int = Field(8, ge=1, description="open WebSockets per client address (HTTP 429 over)")
     max_message_bytes: int = Field(256 * 1024, ge=1024, description="larger WebSocket messages close with 1009")
+    keepalive_s: float = Field(
+        5.0, gt=0, le=60, description="WebSocket ping interval, and how often a session still preparing (prefill, "
+        "a long persona) sends `session.preparing` to events clients: under the 10 s idle timers of clients and "
+        "proxies")
+    keepalive_timeout_s: float = Field(
+        20.0, gt=0, description="a client that leaves a ping unanswered this long is gone: closed 1011")
     max_messages_per_s: float = Field(
         100.0, gt=0, description="client messages a second, averaged over 2 s bursts; over it closes 1008")
     max_session_s: float = Field(3600.0, gt=0, description="sessions end (1000, max_duration) after this long")

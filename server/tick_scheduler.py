@@ -108,9 +108,15 @@ def capacity(tick_s: Callable[[int], float], budget_s: float, max_sessions: int)
 
 
 def admit(policy: Literal["calibrated", "fixed"], tick_s: Callable[[int], float], budget_s: float,
-          max_sessions: int) -> Capacity:
+          max_sessions: int, memory_slots: int | None = None) -> Capacity:
     """`calibrated`: `capacity`. `fixed`: exactly `max_sessions`, for hosts whose capacity is known and for tests,
-    which must not depend on how fast the machine they run on is."""
+    which must not depend on how fast the machine they run on is. Either way no more than `memory_slots`, the
+    largest batch calibration found to fit the device's memory: more rows would fail the load."""
+    if memory_slots is not None and memory_slots < max_sessions:
+        admitted = admit(policy, tick_s, budget_s, memory_slots)
+        if admitted.slots == memory_slots:
+            return Capacity(memory_slots, f"device memory holds {memory_slots} (max_sessions {max_sessions})")
+        return admitted
     if policy == "calibrated":
         return capacity(tick_s, budget_s, max_sessions)
     return Capacity(max_sessions, f"max_sessions is {max_sessions} (admission fixed)")

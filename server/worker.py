@@ -10,6 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
+from frontend_model.memory import set_device
 from server.json_logging import session_id_var
 
 T = TypeVar("T")
@@ -36,7 +37,9 @@ class ModelWorker:
         self._running_session: str | None = None
 
     def _new_executor(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{self.device}")
+        """The thread starts on the model's CUDA device (each thread has its own current device)."""
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{self.device}",
+                                  initializer=set_device, initargs=(self.device,))
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
         """Runs in the caller's context, so the worker's log lines carry the session id."""

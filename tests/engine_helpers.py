@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,8 @@ from frontend_model.profiles import TINY_LM_CONFIG
 from frontend_model.span_block import placeholder_rows
 
 FAMILIES = (8, 16)  # depformer steps: Moshi-shaped, PersonaPlex-shaped
+# The engine, batch and codec tests run on CPU; CONTEXTSPAN_TEST_DEVICE=cuda runs them on a GPU (scripts/gpu_check.sh).
+TEST_DEVICE = os.environ.get("CONTEXTSPAN_TEST_DEVICE", "cpu")
 
 
 def tiny_lm(dep_q: int, context: int, dtype: torch.dtype, text_card: int, seed: int = 0) -> LMModel:
@@ -26,14 +29,14 @@ def tiny_lm(dep_q: int, context: int, dtype: torch.dtype, text_card: int, seed: 
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        return loaders.get_moshi_lm(None, lm_kwargs=config, device="cpu", dtype=dtype).eval()
+        return loaders.get_moshi_lm(None, lm_kwargs=config, device=TEST_DEVICE, dtype=dtype).eval()
     finally:
         torch.random.set_rng_state(state)
 
 
 def tiny_model(dep_q: int = 8, context: int = 3000, dtype: torch.dtype = torch.float32) -> LoadedModel:
     """The tiny profile, or with a PersonaPlex-shaped LM (16 depformer steps) limited to its agent rows."""
-    base = load_model("tiny", device="cpu", dtype=dtype, context=context)
+    base = load_model("tiny", device=TEST_DEVICE, dtype=dtype, context=context)
     if dep_q == base.lm.dep_q:
         return base
     lm = tiny_lm(dep_q, context, dtype, base.tokenizer.vocab_size())

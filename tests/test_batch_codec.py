@@ -7,12 +7,13 @@ import torch
 
 from frontend_model.codec import BatchFrameCodec, FrameCodec
 from frontend_model.loading import FRAME_SAMPLES, load_model
+from tests.engine_helpers import TEST_DEVICE
 
 TICKS = 40
 
 
 def test_batched_codec_equals_one_codec_per_session() -> None:
-    model = load_model("tiny", device="cpu", dtype=torch.float32)
+    model = load_model("tiny", device=TEST_DEVICE, dtype=torch.float32)
     rng = np.random.default_rng(0)
     pcm = (0.2 * rng.standard_normal((3, TICKS, FRAME_SAMPLES))).astype(np.float32)
     codes = torch.from_numpy(rng.integers(0, 2048, (3, TICKS, 8)))

@@ -12,7 +12,7 @@ from frontend_model.block import Block
 from frontend_model.engine import GREEDY, Engine
 from frontend_model.kv_ring import attention_layers
 from frontend_model.loading import LoadedModel, load_model
-from tests.engine_helpers import span_like_block, tiny_model, user_frames
+from tests.engine_helpers import TEST_DEVICE, span_like_block, tiny_model, user_frames
 
 CONTEXT = 8
 MAX_SPAN = 24
@@ -21,7 +21,7 @@ TICKS = 70  # > CONTEXT + MAX_SPAN: every ring wraps
 
 @pytest.fixture(scope="module")
 def model() -> LoadedModel:
-    return load_model("tiny", device="cpu", dtype=torch.float32, context=CONTEXT)
+    return load_model("tiny", device=TEST_DEVICE, dtype=torch.float32, context=CONTEXT)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from frontend_model.engine import GREEDY, Engine
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
 from frontend_model.span_block import build_prefix
 from frontend_model.voice_prompt import VoicePrompt
-from tests.engine_helpers import span_like_block, tiny_model
+from tests.engine_helpers import TEST_DEVICE, span_like_block, tiny_model
 
 CONTEXT = 8
 MAX_SPAN = 24
@@ -28,7 +28,7 @@ TICKS = 60  # > CONTEXT + MAX_SPAN: every ring wraps
 
 @pytest.fixture(scope="module")
 def model() -> LoadedModel:
-    return load_model("tiny", device="cpu", dtype=torch.float32, context=CONTEXT)
+    return load_model("tiny", device=TEST_DEVICE, dtype=torch.float32, context=CONTEXT)
 
 
 @pytest.fixture(scope="module")

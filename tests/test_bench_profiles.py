@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import batch_ticks, span_latency
+from server.settings import ServerSettings
 
 pytestmark = pytest.mark.slow
 
@@ -26,3 +27,18 @@ def test_bench_span_and_batch_run(tmp_path: Path, profile: list[str]) -> None:
     assert span["profile"] == batch["profile"] == profile[0]
     assert [row["frames"] for row in span["rows"]] == [0, 8] and span["rows"][1]["max_abs_logit_diff"] < 1e-4
     assert [row["sessions"] for row in batch["rows"]] == [1, 2]
+
+
+def test_benches_size_rings_as_the_server_and_can_skip_the_stepwise_reference(tmp_path: Path) -> None:
+    served = ServerSettings().max_span_frames
+    common = ["--profile", "tiny", "--device", "cpu", "--context", "32"]
+    assert span_latency.main([*common, "--frames", "0,8", "--repeats", "2", "--no-stepwise",
+                              "--json", str(tmp_path / "span.json")]) == 0
+    assert batch_ticks.main([*common, "--sessions", "1", "--ticks", "2", "--rounds", "1", "--span-frames", "4",
+                             "--json", str(tmp_path / "batch.json")]) == 0
+    span = json.loads((tmp_path / "span.json").read_text())
+    batch = json.loads((tmp_path / "batch.json").read_text())
+    assert span["max_span_frames"] == batch["max_span_frames"] == served
+    assert all("stepwise_plus_step" not in row and "speedup" not in row for row in span["rows"])
+    with pytest.raises(SystemExit):
+        span_latency.main([*common, "--frames", f"0,{served + 1}"])

@@ -8,6 +8,7 @@ at a time and then one ordinary LMGen step on the last, with the last frame's ag
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import pytest
@@ -100,7 +101,7 @@ def test_inject_equals_the_columns_one_by_one(model: LoadedModel, frames: int, w
 
 def test_ring_of_exactly_context_breaks_after_wrap(model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reason for the widened ring: without it, one-pass injection after a wrap is not exact."""
-    monkeypatch.setattr(engine_module, "widen_kv_rings", lambda transformer, extra: CONTEXT)
+    monkeypatch.setattr(engine_module, "wide_rings", lambda transformer, extra: contextlib.nullcontext(CONTEXT))
     warm = 3 * CONTEXT
     user = user_frames(warm + 20, seed=5)
     block = span_like_block(Engine(model, GREEDY), 16, seed=3)

@@ -114,6 +114,22 @@ def test_an_inactive_row_does_not_draw() -> None:
     assert sampler.draws.tolist() == [1, 0]
 
 
+def test_new_settings_go_on_with_the_draws_and_new_seeds_restart_them() -> None:
+    """A `session.update` mid-stream: without seeds the row keeps its place in its noise sequence; with the seeds
+    it started from, the next draws repeat its first ones."""
+    logits = torch.randn(1, 1, 1, 64)
+    sampler = RowSampler(1, WARM, torch.device("cpu"))
+    with sampler.installed(torch.ones(1, dtype=torch.bool)):
+        first = [int(sampler.sample(logits, Stream.TEXT)) for _ in range(20)]
+        sampler.set_row(0, sampling(0.9, 50, 42), restart=False)
+        assert sampler.draws.tolist() == [20]
+        assert float(sampler.temperature[Stream.TEXT][0]) == pytest.approx(0.9)
+        sampler.set_row(0, WARM, restart=True)
+        assert sampler.draws.tolist() == [0]
+        assert [int(sampler.sample(logits, Stream.TEXT)) for _ in range(20)] == first
+        assert len(set(first)) > 1  # sampled, so the repeat is the seed's doing
+
+
 def test_moshi_sampling_outside_the_sampler_fails_loudly(model: LoadedModel) -> None:
     with Engine(model, max_span_frames=16) as engine, pytest.raises(TypeError):
         engine.lm_gen.step(user_frames(1, 0)[0].view(1, -1, 1))

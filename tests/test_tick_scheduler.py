@@ -176,4 +176,15 @@ def test_tick_cost_interpolates_and_prices_spans() -> None:
     assert cost.tick(8) == pytest.approx(0.090)
     assert cost.span(0) == 0.0 and cost.span(33) == pytest.approx(0.033)
     assert cost.span_budget(BUDGET, 4) == pytest.approx(BUDGET - 0.050 + 0.010)
-    assert tick_sizes(4) == [1, 2, 4, 5] and tick_sizes(6) == [1, 2, 4, 6, 7] and tick_sizes(1) == [1, 2]
+    # Never past max_sessions: calibration must not need memory that serving would not.
+    assert tick_sizes(4) == [1, 2, 4] and tick_sizes(6) == [1, 2, 4, 6] and tick_sizes(1) == [1]
+
+
+def test_admission_stops_at_what_memory_holds() -> None:
+    cheap = {1: 0.001, 2: 0.002, 4: 0.004, 8: 0.008}.__getitem__
+    held = admit("fixed", cheap, BUDGET, 8, memory_slots=3)
+    assert held.slots == 3 and held.reason == "device memory holds 3 (max_sessions 8)"
+    assert admit("calibrated", per_frame(1.0), BUDGET, 8, memory_slots=3).slots == 3
+    assert admit("fixed", cheap, BUDGET, 2, memory_slots=3).slots == 2  # memory is not the limit
+    slow = admit("calibrated", per_frame(30.0), BUDGET, 8, memory_slots=3)  # compute binds before memory
+    assert slow.slots < 3 and slow.reason.startswith("a tick of")

@@ -56,6 +56,9 @@ function onEvent(event) {
         + `${event.prefill_ms} ms; retrieval starts on `
         + (event.trigger === "ret" ? "the model's ⟨ret⟩" : "a question heard in your speech"));
       break;
+    case "session.preparing": // a long persona / voice prefill: the handshake is still to come
+      setState(`preparing: ${event.stage} ${Math.round(event.elapsed_s)} s`);
+      break;
     case "session.updated":
       addEvent(`profile sent: ${Object.values(event.profile ?? {}).join(", ") || "(empty)"}`);
       break;

@@ -33,7 +33,10 @@ class StreamingASR:
     `transcribe` runs on `executor`: a thread pool in tests, the Whisper process (worker_process) in the server.
 
     The input queue is bounded: if transcription falls behind, the oldest audio is dropped and counted. A partial
-    is skipped when a transcription is already running; finals are always transcribed, in order.
+    is skipped while any transcription of this stream is queued or running; finals are always transcribed, in order.
+    The executor is shared by every session and queues without bound, so `close` withdraws every call this stream
+    still has there: on a host where Whisper is slower than the sessions, a call left behind would keep its session
+    (through the callbacks it holds) until Whisper reached it, and the backlog of the dead would only grow.
     """
 
     def __init__(
@@ -52,7 +55,7 @@ class StreamingASR:
         self._segmenter = UtteranceSegmenter(segmenter or SegmenterConfig())
         self._queue: asyncio.Queue[np.ndarray] = asyncio.Queue(maxsize=queue_frames)
         self._task: asyncio.Task[None] | None = None
-        self._busy: asyncio.Future[str] | None = None
+        self._calls: set[asyncio.Future[str]] = set()  # this stream's transcriptions queued or running
         self._final_running = False
         self.dropped_frames = 0
         self._finals = 0
@@ -64,16 +67,20 @@ class StreamingASR:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="asr")
 
     async def close(self) -> None:
-        """Also withdraws a partial still queued for the shared Whisper process: a session that has left must not
-        delay the others' transcriptions."""
+        """Also withdraws every transcription still queued for the shared Whisper process (one already running
+        finishes there, its result dropped) and the audio not yet segmented: a session that has left must neither
+        delay the others' transcriptions nor stay in memory until Whisper gets to it."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if self._busy is not None:
-            self._busy.cancel()
-            self._busy = None
+        for call in list(self._calls):
+            call.cancel()
+        self._calls.clear()
+        while not self._queue.empty():
+            self._queue.get_nowait()
+            self._queue.task_done()
 
     def feed(self, pcm24k: np.ndarray) -> None:
         if self._queue.full():
@@ -92,22 +99,26 @@ class StreamingASR:
         audio = self._segmenter.recent_audio(seconds)
         if len(audio) == 0:
             return ""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._transcribe, audio)
+        return await self._submit(audio)
 
     async def drain(self) -> None:
         """Wait until every queued frame has gone through the segmenter (tests and offline inference)."""
         await self._queue.join()
 
+    def _submit(self, audio: np.ndarray) -> asyncio.Future[str]:
+        call = asyncio.get_running_loop().run_in_executor(self._executor, self._transcribe, audio)
+        self._calls.add(call)
+        call.add_done_callback(self._calls.discard)
+        return call
+
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        busy: asyncio.Future[str] | None = None
         while True:
             pcm = await self._queue.get()
             try:
                 for event in self._segmenter.feed(resample_24k_to_16k(pcm)):
-                    if event.cue is Cue.PARTIAL and busy is not None and not busy.done():
+                    if event.cue is Cue.PARTIAL and self._calls:
                         continue
-                    busy = self._busy = loop.run_in_executor(self._executor, self._transcribe, event.audio)
+                    busy = self._submit(event.audio)
                     if event.cue is Cue.FINAL:
                         self._final_running = True
                         try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from faster_whisper import WhisperModel
 
 
 class ASRLoadError(RuntimeError):
@@ -25,6 +24,10 @@ class WhisperTranscriber:
         path = model or bundled_model_path()
         compute_type = compute_type or ("float16" if device.startswith("cuda") else "int8")
         try:
+            # Imported here, not at the top: a server with --no-asr (and every import of server.backend) must not pay
+            # for, or even need, faster-whisper and CTranslate2.
+            from faster_whisper import WhisperModel
+
             kind, _, index = device.partition(":")
             self.model = WhisperModel(path, device=kind, device_index=int(index or 0), compute_type=compute_type,
                                       cpu_threads=cpu_threads, local_files_only=Path(path).exists())

@@ -78,3 +78,49 @@ def test_streaming_questions_have_low_word_error_rate(transcriber: WhisperTransc
     assert errors / total <= 0.15, [(q, t.text) for q, t in zip(QUESTIONS, finals, strict=True)]
     assert any(not t.final for t in transcripts), "a partial transcript is due about every second of speech"
     assert all(a.end_s <= b.start_s for a, b in itertools.pairwise(finals)), "utterances are in order"
+
+
+def test_a_closed_stream_withdraws_its_calls_from_a_whisper_that_is_behind(tmp_path: Path) -> None:
+    """Whisper slower than the sessions (a loaded host): the shared executor still holds this stream's calls when
+    its session ends. `close` cancels them and drops the audio not yet segmented, so the stream (and the session
+    its callbacks reach) is freed at once by reference counting, not when Whisper gets to it."""
+    import gc
+    import threading
+    import weakref
+    from concurrent.futures import Future
+
+    pcm = np.concatenate([silence(0.3), speak("What is the weather like in Paris today?", tmp_path / "q.wav"),
+                          silence(1.0), speak("And in Tokyo?", tmp_path / "t.wav"), silence(1.0)])
+    stuck = threading.Event()
+    submitted: list[Future[str]] = []
+
+    class Behind(ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+            future = super().submit(fn, *args, **kwargs)
+            submitted.append(future)
+            return future
+
+    async def run(pool: ThreadPoolExecutor) -> weakref.ref[StreamingASR]:
+        pool.submit(stuck.wait)  # the one worker is busy with another session's call
+        asr = StreamingASR(lambda audio: "late", pool, lambda t: None, queue_frames=len(pcm) // 1920 + 1)
+        asr.start()
+        for start in range(0, len(pcm) - 1919, 1920):
+            asr.feed(pcm[start : start + 1920])
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.2)  # the segmenter reached the first final: a call queued, the rest of the audio waits
+        assert asr.awaiting_final and len(submitted) >= 2
+        await asr.close()
+        assert asr._queue.empty()
+        return weakref.ref(asr)
+
+    gc.disable()
+    try:
+        with Behind(1) as pool:
+            try:
+                ref = asyncio.run(run(pool))
+                assert ref() is None, "the closed stream is still referenced: by the calls it left queued"
+                assert all(f.cancelled() for f in submitted[1:]), "every call of the closed stream is withdrawn"
+            finally:
+                stuck.set()
+    finally:
+        gc.enable()

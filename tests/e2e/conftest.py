@@ -1,4 +1,4 @@
-"""Fixtures: a real server per module, real speech per session."""
+"""Fixtures: a real server per module, real speech per session, a headless Chromium."""
 
 from __future__ import annotations
 
@@ -33,3 +33,27 @@ def speech_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def speech(speech_path: Path) -> np.ndarray:
     """About 5.7 s of espeak-ng speech at 24 kHz."""
     return load_wav(str(speech_path))
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def browser(speech_path: Path, tmp_path: Path) -> Iterator[object]:
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.skip("Debian chromium and chromium-driver are not installed")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
+                 f"--use-file-for-fake-audio-capture={speech_path}", "--autoplay-policy=no-user-gesture-required",
+                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()

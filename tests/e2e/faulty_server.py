@@ -1,14 +1,16 @@
 """`contextspan serve` with faults injected, in its own process as in production: `python -m tests.e2e.faulty_server
 serve ...` with FAULTS set, e.g. `step_raise@20` (the first session to reach frame 20 fails in its own part of the
 tick, before the batched step), `forward_raise@20` / `forward_nan@20` (from that frame on, that session's row raises,
-or turns NaN, inside the batched step's transformer forward) or `asr_raise` (Whisper's worker process raises on
-every call)."""
+or turns NaN, inside the batched step's transformer forward), `slow_prefill@12` (every session's prefill takes 12 s
+longer) or `asr_raise` (Whisper's worker process raises on every call)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import numpy as np
 
@@ -73,6 +75,18 @@ def injected_step_fault() -> None:
     raise RuntimeError("injected step fault")
 
 
+def slow_open(delay_s: float) -> Callable[..., Coroutine[Any, Any, float]]:
+    """A `Batcher.open` that takes `delay_s` longer, as a long voice and persona prefill or a busy worker would:
+    the session waits without its handshake while the event loop, and the other sessions, go on."""
+    original = Batcher.open
+
+    async def open_slot(self: Batcher, *args: Any) -> float:
+        await asyncio.sleep(delay_s)
+        return await original(self, *args)
+
+    return open_slot
+
+
 def install(faults: str) -> None:
     for fault in filter(None, faults.split(",")):
         name, _, argument = fault.partition("@")
@@ -80,6 +94,8 @@ def install(faults: str) -> None:
             Batcher._slot_frame = break_slot_frame(int(argument), injected_step_fault)  # type: ignore[method-assign]
         elif name in ("forward_raise", "forward_nan"):
             break_forward(int(argument), name.removeprefix("forward_"))
+        elif name == "slow_prefill":
+            Batcher.open = slow_open(float(argument))  # type: ignore[method-assign]
         elif name == "asr_raise":
             import server.backend
 

@@ -50,11 +50,12 @@ def in_process_server(settings: ServerSettings, model: LoadedModel | None = None
     import uvicorn
 
     from server.app import create_app
+    from server.draining import websocket_config
 
     threads = torch.get_num_threads()  # the server sets its own; later tests in this process get theirs back
     app = create_app(settings, model=model)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning",
-                                           ws="websockets-sansio"))
+                                           **websocket_config(settings)))
     loops: list[asyncio.AbstractEventLoop] = []
 
     def run() -> None:

@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from server.client import start_server
 
 pytestmark = pytest.mark.slow
 
@@ -60,3 +63,14 @@ def test_bench_faults_reports_each_scenario(tmp_path: Path) -> None:
         assert row["sessions_kept"] == 2 and 2 * 100 - 2 <= row["frames"] <= 2 * 100  # as in the load test above
         # Each session's `<ret>` has an outcome (which one depends on how fast this machine's Whisper is).
         assert row["spans_injected"] + sum(row["spans_dropped"].values()) == 2, row
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a device that cannot load")
+def test_bench_load_fails_fast_when_the_model_cannot_load(tmp_path: Path) -> None:
+    """A model that cannot load on the asked device ends the bench at once with the reason, not after the 300 s
+    readiness wait; with --wait-for-model the server stays up and /readyz carries the error instead."""
+    done = subprocess.run([sys.executable, "-m", "server.cli", "bench", "load", "--device", "cuda:0", "--seconds", "1",
+                           "--no-asr"], capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0 and "CUDA" in done.stderr
+    with pytest.raises(RuntimeError, match=r"could not load its model: .*CUDA"):
+        start_server(tmp_path, "--device", "cuda:0", "--wait-for-model", "--no-asr", ready_timeout=240)

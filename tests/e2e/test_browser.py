@@ -1,39 +1,22 @@
-"""The web client in Debian's headless Chromium with a fake microphone fed from an espeak-ng WAV."""
+"""The web client in Debian's headless Chromium with a fake microphone fed from an espeak-ng WAV, and a page that
+speaks the wire as Kyutai's Moshi web client does."""
 
 from __future__ import annotations
 
+import base64
 import time
-from collections.abc import Iterator
+import wave
 from pathlib import Path
 
+import httpx
+import numpy as np
 import pytest
+
+from server.protocol import SAMPLE_RATE
 
 from .servers import ARTIFACTS, RunningServer
 
 pytestmark = pytest.mark.slow
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-
-
-@pytest.fixture
-def browser(speech_path: Path, tmp_path: Path) -> Iterator[object]:
-    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.skip("Debian chromium and chromium-driver are not installed")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
-                 f"--use-file-for-fake-audio-capture={speech_path}", "--autoplay-policy=no-user-gesture-required",
-                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def test_page_streams_plays_and_shows_text(server: RunningServer, browser: object) -> None:
@@ -71,3 +54,44 @@ def test_page_streams_plays_and_shows_text(server: RunningServer, browser: objec
     driver.find_element(By.ID, "stop").click()  # type: ignore[attr-defined]
     wav = driver.find_element(By.ID, "wav").get_attribute("href")  # type: ignore[attr-defined]
     assert wav and wav.endswith(".wav")
+
+
+KYUTAI_CLIENT = Path(__file__).with_name("kyutai_client.js")
+TAIL_S = 2.0
+
+
+def wait_for_no_session(server: RunningServer) -> None:
+    deadline = time.monotonic() + 30  # a hang guard
+    while httpx.get(f"{server.http}/api/info", timeout=5).json()["sessions"]:
+        assert time.monotonic() < deadline, "a session never closed"
+        time.sleep(0.2)
+
+
+def test_kyutai_web_client_wire(server: RunningServer, browser: object, speech: np.ndarray) -> None:
+    """Kyutai's client throws on any kind but 0x00-0x07 (and on text messages); it sends its sampling parameters,
+    waits for the handshake, then two 20 ms Opus packets an Ogg page. The server must decode every packet (the
+    recording's user side is as long as what was sent) and answer with audio and text only."""
+    driver = browser
+    driver.get(server.http + "/")  # type: ignore[attr-defined]  # the server's own origin, as Kyutai's page is
+    driver.set_script_timeout(120)  # type: ignore[attr-defined]  # a hang guard
+    wait_for_no_session(server)  # an earlier test's session writes its recording as it closes
+    before = set(server.recordings.glob("*.wav"))
+    pcm = base64.b64encode(speech.astype("<f4").tobytes()).decode()
+    result = driver.execute_async_script(KYUTAI_CLIENT.read_text(), pcm, 1234, 5678, TAIL_S)  # type: ignore[attr-defined]
+    logs = "\n".join(str(entry) for entry in driver.get_log("browser"))  # type: ignore[attr-defined]
+    assert "error" not in result, (result, logs)
+    assert result["thrown"] == [], result
+    assert set(result["kinds"]) <= {"handshake", "audio", "text"} and result["kinds"]["handshake"] == 1, result
+    assert result["pagesSent"] == 2 + (result["packets"] + 1) // 2, result
+    assert result["kinds"]["audio"] > 30 and result["audioBytes"] > 0, result
+    assert result["kinds"].get("text", 0) > 0 and result["text"].strip(), result
+
+    wait_for_no_session(server)  # the recording is complete once the session is gone
+    (wav,) = set(server.recordings.glob("*.wav")) - before
+    with wave.open(str(wav)) as w:
+        user = np.frombuffer(w.readframes(w.getnframes()), np.int16).reshape(-1, 2)[:, 0] / 32768.0
+    sent_s = result["packets"] * 0.02
+    # Every frame the server stepped came from the client: a decoder that took one packet a page would hold half.
+    assert len(user) / SAMPLE_RATE > 0.9 * sent_s - 0.2, (len(user) / SAMPLE_RATE, sent_s)
+    speech_part = user[: len(speech)]
+    assert np.sqrt(np.mean(speech_part**2)) > 0.3 * np.sqrt(np.mean(speech**2)), "the speech did not come through"

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, load_model
+from frontend_model.row_sampling import Stream
 from server import protocol as p
 from server.client import chat_url, stream
 
@@ -79,6 +80,27 @@ def test_kyutai_client_sampling_parameters_are_applied_and_reported(server: Runn
     assert ready[0].sampling == p.Sampling(text_temperature=0.5, text_topk=10, audio_temperature=0.0,
                                            audio_topk=100, text_seed=123, audio_seed=4294967295)
     assert ready[0].unsupported == {"pad_mult": 0.0, "repetition_penalty_context": 64.0, "repetition_penalty": 1.1}
+
+
+def test_session_update_changes_sampling_mid_stream(inproc_server: tuple[str, object, asyncio.AbstractEventLoop],
+                                                    speech: np.ndarray) -> None:
+    """`session.update` `sampling`: settings sent replace those in effect, the rest stay; the slot's sampler takes
+    them from its next frame; a bad value is an error event and changes nothing."""
+    url, state, _ = inproc_server
+    updates = [{"text_temperature": 0, "audio_topk": 7}, {"audio_seed": 5}, {"text_topk": -1}]
+    texts = [(0.5 + 0.2 * i, json.dumps({"type": "session.update", "sampling": u})) for i, u in enumerate(updates)]
+    query = {"text_seed": "11", "audio_seed": "12"}
+    result = asyncio.run(stream(chat_url(url, events=True, **query), speech[: 2 * SAMPLE_RATE], texts=texts))
+    ready = result.of_type("session.ready")[0].sampling
+    updated = [e.sampling for e in result.of_type("session.updated")]
+    assert updated == [ready.model_copy(update={"text_temperature": 0.0, "audio_topk": 7}),
+                       ready.model_copy(update={"text_temperature": 0.0, "audio_topk": 7, "audio_seed": 5})]
+    errors = result.of_type("error")
+    assert len(errors) == 1 and "text_topk" in errors[0].message, errors
+    sampler = state.batcher.model.engine.sampler  # type: ignore[attr-defined]
+    assert float(sampler.temperature[Stream.TEXT][0]) == 0.0
+    assert int(sampler.topk[Stream.AUDIO][0]) == 7 and int(sampler.seed[Stream.AUDIO][0]) == 5
+    assert int(sampler.topk[Stream.TEXT][0]) == ready.text_topk
 
 
 def test_binary_only_moshi_flow(server: RunningServer, speech: np.ndarray) -> None:

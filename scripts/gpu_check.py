@@ -1,0 +1,331 @@
+"""The GPU check that `scripts/gpu_check.sh run` starts once the wheels are installed: phases in priority order inside
+a time budget, each skipped when too little of the budget is left, every outcome logged, and a summary against the
+targets. A device machine is lent for minutes, so what matters most runs first, and everything lands in three files
+under --out: `install.log` (from gpu_check.sh), `gpu_check.log` and `gpu_check-<device>.json`.
+
+`equivalence` (a phase, also a subcommand) checks one-pass injection against the columns fed one by one, and the
+CUDA-graphed step against the eager one, on the tiny and the random 7B models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a file: the repository's packages are importable without an install
+
+DEFAULT_BUDGET_S = 480.0
+LOG_TAIL_LINES = 150  # of each phase's output kept in the log
+TARGETS_MS = {  # random 7B, bf16
+    "step_p99": 15.0,  # a plain step
+    "span600_step_p99": 40.0,  # a 600-frame span and the next step
+    "tick64_span256_p99": 70.0,  # a tick of 64 sessions with a 256-frame span injected
+}
+ENGINE_TESTS = ["tests/test_engine_equivalence.py", "tests/test_batch_engine.py", "tests/test_batch_model.py",
+                "tests/test_batch_codec.py"]
+BF16_TESTS = ["tests/test_bf16_tolerance.py"]
+FLOAT32_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What the phases run: the real check on a GPU, or the tiny profile at the smallest sizes that still exercise
+    every phase for the CPU dry run (a loaded 2-core machine)."""
+
+    profile: str
+    engine_tests: list[str]
+    bf16_tests: list[str]  # pytest arguments
+    equivalence_profiles: str
+    equivalence_frames: int
+    span_frames: str
+    span_repeats: int
+    batch_sessions: str
+    batch_span_frames: int
+    batch_ticks: int
+    batch_rounds: int
+    load_profile: str
+    load_sessions: int
+    load_seconds: float
+
+    @staticmethod
+    def for_run(dry_run: bool) -> Sizes:
+        if dry_run:
+            return Sizes("tiny", ["tests/test_batch_codec.py"], ["-k", "prefill and dep_q8", *BF16_TESTS], "tiny", 8,
+                         "0,8", 2, "1,2", 8, 2, 1, "tiny", 2, 2.0)
+        return Sizes("moshi-7b", ENGINE_TESTS, BF16_TESTS, "tiny,moshi-7b", 64, "0,16,64,256,600", 50,
+                     "1,2,4,8,16,32,64", 256, 40, 2, "moshi-7b", 16, 30.0)
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    outcome: str  # passed, failed, timed out, skipped
+    seconds: float = 0.0
+    returncode: int | None = None
+    why: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    min_s: float  # skipped when less of the budget is left (never when 0)
+    max_s: float  # killed past this (or past the budget left)
+    command: Callable[[Path], list[str]] | None = None  # a subprocess, given the scratch folder
+    env: dict[str, str] = field(default_factory=dict)
+    result_file: str | None = None  # JSON the command writes into the scratch folder, kept in the results
+    inline: Callable[[], dict[str, Any]] | None = None  # or run here
+
+
+class Log:
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("w")
+
+    def __call__(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.file.write(line + "\n")
+        self.file.flush()
+
+
+def environment(device: str) -> dict[str, Any]:
+    """What the numbers depend on: the GPU, its driver, torch and CUDA, and the installed versions."""
+    import importlib.metadata as md
+    import platform
+
+    import torch
+
+    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                            "cpu_count": os.cpu_count(), "torch": torch.__version__, "cuda": torch.version.cuda,
+                            "device": device, "cuda_available": torch.cuda.is_available()}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.device(device))
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        info.update(gpu=props.name, gpu_memory_gib=round(total / 2**30, 1), gpu_free_gib=round(free / 2**30, 1),
+                    capability=f"{props.major}.{props.minor}", cudnn=torch.backends.cudnn.version())
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        info["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        info["nvidia_smi"] = f"unavailable: {exc}"
+    info["packages"] = {}
+    for name in ("moshi", "numpy", "sphn", "sentencepiece", "fastapi", "uvicorn", "pydantic", "pytest"):
+        try:
+            info["packages"][name] = md.version(name)
+        except md.PackageNotFoundError:
+            info["packages"][name] = None
+    return info
+
+
+def device_slug(env: dict[str, Any], dry_run: bool) -> str:
+    name = env.get("gpu") or env["device"]
+    slug = re.sub(r"[^a-z0-9]+", "-", str(name).lower()).strip("-")
+    return f"{slug}-dry-run" if dry_run else slug
+
+
+def phases(args: argparse.Namespace, sizes: Sizes) -> list[Phase]:
+    py, device = sys.executable, args.device
+    bench = [py, "-m", "server.cli", "bench"]
+    test_env = {"CONTEXTSPAN_TEST_DEVICE": device}
+
+    def pytest(selection: list[str]) -> Callable[[Path], list[str]]:
+        return lambda _: [py, "-m", "pytest", "-m", "", "-q", "-p", "no:cacheprovider", *selection]
+
+    def batch(scratch: Path, name: str) -> list[str]:
+        return [*bench, "batch", "--profile", sizes.profile, "--device", device, "--sessions",
+                sizes.batch_sessions, "--span-frames", str(sizes.batch_span_frames), "--ticks", str(sizes.batch_ticks),
+                "--rounds", str(sizes.batch_rounds), "--json", str(scratch / name)]
+
+    return [
+        Phase("environment", 0, 60, inline=lambda: environment(device)),  # always: it explains the rest
+        Phase("engine, batch and codec tests (float32, TF32 off)", 30, 150,
+              pytest(sizes.engine_tests), test_env),
+        Phase("bf16 tolerance tests", 20, 90, pytest(sizes.bf16_tests), test_env),
+        Phase("one-pass vs stepwise, graphed vs eager", 30, 150,
+              lambda s: [py, __file__, "equivalence", "--device", device, "--profiles", sizes.equivalence_profiles,
+                         "--frames", str(sizes.equivalence_frames),
+                         "--json", str(s / "equivalence.json")], result_file="equivalence.json"),
+        Phase("bench span", 40, 150,
+              lambda s: [*bench, "span", "--profile", sizes.profile, "--device", device, "--frames",
+                         sizes.span_frames, "--repeats", str(sizes.span_repeats), "--no-stepwise",
+                         "--json", str(s / "span.json")], result_file="span.json"),
+        Phase("bench batch, CUDA graphs", 40, 150, lambda s: batch(s, "batch_graphs.json"),
+              result_file="batch_graphs.json"),
+        Phase("bench batch, eager", 40, 150, lambda s: batch(s, "batch_eager.json"), {"NO_CUDA_GRAPH": "1"},
+              result_file="batch_eager.json"),
+        Phase("bench load (real server)", 60, 240,
+              lambda s: [*bench, "load", "--profile", sizes.load_profile, "--device", device, "--sessions",
+                         str(sizes.load_sessions), "--seconds", str(sizes.load_seconds), "--no-asr",
+                         "--json", str(s / "load.json")], result_file="load.json"),
+    ]
+
+
+def run_phase(phase: Phase, left_s: float, scratch: Path, log: Log, extra_env: dict[str, str]) -> PhaseResult:
+    if phase.min_s > 0 and left_s < phase.min_s:
+        return PhaseResult(phase.name, "skipped", why=f"{left_s:.0f} s of the budget left, it needs {phase.min_s:.0f}")
+    start = time.monotonic()
+    if phase.inline is not None:
+        try:
+            data = phase.inline()
+        except Exception as exc:
+            return PhaseResult(phase.name, "failed", time.monotonic() - start, why=f"{type(exc).__name__}: {exc}")
+        log(json.dumps(data, indent=2))
+        return PhaseResult(phase.name, "passed", time.monotonic() - start, data=data)
+    assert phase.command is not None
+    command = phase.command(scratch)
+    limit = min(phase.max_s, left_s)
+    log("$ " + " ".join(command))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **extra_env, **phase.env)
+    try:
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
+        output, returncode, outcome = done.stdout + done.stderr, done.returncode, "passed" if done.returncode == 0 \
+            else "failed"
+    except subprocess.TimeoutExpired as exc:
+        output = _text(exc.stdout) + _text(exc.stderr)
+        returncode, outcome = None, "timed out"
+    lines = output.splitlines()
+    log("\n".join(lines[-LOG_TAIL_LINES:]))
+    data: dict[str, Any] = {}
+    if phase.result_file and (scratch / phase.result_file).exists():
+        data = json.loads((scratch / phase.result_file).read_text())
+    why = "" if outcome == "passed" else (f"over {limit:.0f} s" if returncode is None else (lines or [""])[-1])
+    return PhaseResult(phase.name, outcome, time.monotonic() - start, returncode, why, data)
+
+
+def _text(out: bytes | str | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+
+
+def target_rows(results: dict[str, PhaseResult]) -> list[dict[str, Any]]:
+    """Each target with the measured value: the sizes asked for on a GPU, the largest measured in a dry run."""
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, what: str, value: float | None) -> None:
+        target = TARGETS_MS[name]
+        met = None if value is None else value <= target
+        rows.append({"target": name, "what": what, "p99_ms": value, "limit_ms": target, "met": met})
+
+    span = results.get("bench span")
+    span_rows = span.data.get("rows", []) if span else []
+    plain = next((r for r in span_rows if r["frames"] == 0), None)
+    add("step_p99", "plain step", plain["span_plus_step"]["p99_ms"] if plain else None)
+    longest = max((r for r in span_rows if r["frames"] > 0), key=lambda r: r["frames"], default=None)
+    add("span600_step_p99", f"{longest['frames'] if longest else '?'}-frame span + step",
+        longest["span_plus_step"]["p99_ms"] if longest else None)
+    for phase in ("bench batch, CUDA graphs", "bench batch, eager"):
+        batch = results.get(phase)
+        batch_rows = batch.data.get("rows", []) if batch else []
+        widest = max(batch_rows, key=lambda r: r["sessions"], default=None)
+        frames = batch.data.get("span_frames", "?") if batch else "?"
+        add("tick64_span256_p99", f"{phase}: tick of {widest['sessions'] if widest else '?'} sessions + {frames}-frame "
+            "span", widest["tick_with_span"]["p99_ms"] if widest else None)
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    started = float(os.environ.get("GPU_CHECK_STARTED", time.time()))  # the install counts against the budget
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = Log(args.out / "gpu_check.log")
+    sizes = Sizes.for_run(args.dry_run)
+    log(f"gpu_check run: device {args.device}, budget {args.budget:.0f} s, dry run {args.dry_run}")
+    results: dict[str, PhaseResult] = {}
+    # A dry run checks the plumbing, not speed: one torch thread per process does not oversubscribe a shared CPU.
+    extra_env = {"OMP_NUM_THREADS": "1"} if args.dry_run else {}
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        for phase in phases(args, sizes):
+            left = args.budget - (time.time() - started)
+            log(f"\n=== {phase.name} ({left:.0f} s of the budget left)")
+            result = run_phase(phase, left, Path(tmp), log, extra_env)
+            results[phase.name] = result
+            log(f"=== {phase.name}: {result.outcome} in {result.seconds:.1f} s {result.why}".rstrip())
+    env = results["environment"].data or {"device": args.device}
+    targets = target_rows(results)
+    report = {"dry_run": args.dry_run, "device": args.device, "budget_s": args.budget,
+              "elapsed_s": round(time.time() - started, 1), "sizes": asdict(sizes), "environment": env,
+              "phases": [asdict(r) for r in results.values()], "targets": targets}
+    path = args.out / f"gpu_check-{device_slug(env, args.dry_run)}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    log("\n=== summary" + (" (dry run: tiny sizes on a CPU, the targets are for random 7B on a GPU)"
+                          if args.dry_run else ""))
+    for r in results.values():
+        log(f"{r.outcome:>9}  {r.seconds:6.1f} s  {r.name}" + (f": {r.why}" if r.why else ""))
+    for t in targets:
+        verdict = "not measured" if t["met"] is None else ("met" if t["met"] else "MISSED")
+        value = "-" if t["p99_ms"] is None else f"{t['p99_ms']:.2f}"
+        log(f"target {t['target']}: {t['what']}: P99 {value} ms (limit {t['limit_ms']:.0f} ms) {verdict}")
+    log(f"results: {path.name}; {report['elapsed_s']:.0f} s of {args.budget:.0f}")
+    return 0 if all(r.outcome == "passed" for r in results.values()) else 1
+
+
+# equivalence ---------------------------------------------------------------------------------------------------
+def equivalence(args: argparse.Namespace) -> int:
+    """Next-step text logits after a span injected in one pass against the same columns fed one by one, and after
+    steps and a span under CUDA graphs against eager, per profile. float32 must agree to FLOAT32_TOLERANCE; bf16 to
+    four bf16 steps at the logits' magnitude (as tests/test_bf16_tolerance.py states it)."""
+    import torch
+    from moshi.utils.compile import no_cuda_graph
+
+    from benchmarks.span_latency import next_step_logits
+    from frontend_model.loading import load_model
+    from server.settings import ServerSettings
+
+    max_span = ServerSettings().max_span_frames  # the rings as served
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    rows = []
+    for name in args.profiles.split(","):
+        profile, reduced = name.removesuffix("-reduced"), name.endswith("-reduced")
+        dtype = torch.float32 if profile == "tiny" else torch.bfloat16
+        model = load_model(profile, device=args.device, dtype=dtype, reduced=reduced)
+        one_pass = next_step_logits(model, args.frames, True, max_span)
+        stepwise = next_step_logits(model, args.frames, False, max_span)
+        with no_cuda_graph():
+            eager = next_step_logits(model, args.frames, True, max_span)
+        scale = float(one_pass.abs().max())
+        tolerance = FLOAT32_TOLERANCE if dtype == torch.float32 else 4 * 2**-8 * max(8.0, scale)
+        row = {"profile": name, "dtype": str(dtype), "frames": args.frames, "max_abs_logit": scale,
+               "tolerance": tolerance, "one_pass_vs_stepwise": float((one_pass - stepwise).abs().max()),
+               "graphed_vs_eager": float((one_pass - eager).abs().max()),
+               "graphs": model.device.type == "cuda"}
+        row["passed"] = row["one_pass_vs_stepwise"] <= tolerance and row["graphed_vs_eager"] <= tolerance
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    Path(args.json).write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    return 0 if all(r["passed"] for r in rows) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="every phase in priority order within the budget")
+    run_parser.add_argument("--out", type=Path, required=True)
+    run_parser.add_argument("--device", default=None, help="default: cuda, or cpu in a dry run")
+    run_parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds, the install included")
+    run_parser.add_argument("--dry-run", action="store_true", help="tiny profile, small sizes (a CPU check)")
+    eq = commands.add_parser("equivalence", help="one-pass vs stepwise and graphed vs eager next-step logits")
+    eq.add_argument("--device", default="cuda")
+    eq.add_argument("--profiles", default="tiny,moshi-7b", help="comma list; a -reduced suffix means --reduced")
+    eq.add_argument("--frames", type=int, default=64, help="span frames")
+    eq.add_argument("--json", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.command == "run" and args.device is None:
+        args.device = "cpu" if args.dry_run else "cuda"
+    return run(args) if args.command == "run" else equivalence(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
