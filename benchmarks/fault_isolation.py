@@ -3,9 +3,12 @@
 For each scenario a real server (tiny profile, its own process) serves two real-time clients streaming a spoken
 question with `<ret>` forced after it: no fault (the LLM answers; run first and last, to bracket the host's noise),
 the LLM hanging, answering HTTP 500 or garbage (a fake that speaks the OpenAI wire format), Whisper raising on
-every call, and one session's step raising at frame 20. It reports, for the sessions that were not closed, frame
-latency and deadline misses next to what the fault did (spans dropped and why, `asr_failed` errors, sessions
-closed 1011), so the cost of a fault is the difference from the no-fault rows of the same run.
+every call, one session's step raising at frame 20 before the batched step, and one session's row raising, or
+turning NaN, inside the batched step's transformer forward from frame 20 on (the other session's row is in the
+same forward: BatchEngine undoes the step, finds the row and steps the other again). It reports, for the sessions
+that were not closed, frame latency and deadline misses next to what the fault did (spans dropped and why,
+`asr_failed` errors, sessions closed 1011), so the cost of a fault is the difference from the no-fault rows of the
+same run.
 
 The fakes are the test suite's (tests/backend/fake_openai.py, tests/e2e/faulty_server.py): run it from a checkout.
 """
@@ -45,6 +48,8 @@ SCENARIOS = [
     Scenario("LLM garbage", llm="garbage"),
     Scenario("ASR raises", faults="asr_raise"),
     Scenario("step raises in one session", faults="step_raise@20"),
+    Scenario("forward raises in one row", faults="forward_raise@20"),
+    Scenario("NaN in one row", faults="forward_nan@20"),
     Scenario("no fault (again)", llm="content"),
 ]
 

@@ -3,9 +3,20 @@
 A slot without a fresh user frame this tick is masked (exec mask), not fed silence, so its state is exactly as if
 the tick had not happened; a span is injected for one slot with the others masked; a slot is reset when a session
 joins. Each session therefore produces what it would produce alone (tests/test_batch_engine.py).
+
+A fault in one slot's part of a step (its row raises, or its logits hold a NaN or +inf) costs that slot only: the
+slot gets a RowFault in place of its result, and the other slots get the result and the state they would have had
+without it. A NaN shows in the per-row flag the sampler keeps on the device, copied to the host with the step's
+outputs in the tick's one device-to-host copy; rows never mix, so the other rows' results stand as they are. A step
+that raises is undone (StepCheckpoint: the counters a step moves, saved before each step), each active slot is
+stepped alone to find the ones that raise (fault path only: one step per active slot), and the others are stepped
+again together. A failed slot's KV rows are zeroed when the slot is next reset, so its NaN cannot leak into the next
+session through an attention weight of zero.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 
@@ -20,9 +31,18 @@ from frontend_model.engine import (
     SamplingConfig,
     StepResult,
 )
+from frontend_model.kv_ring import attention_layers
 from frontend_model.loading import LoadedModel
 from frontend_model.row_sampling import RowSampling
 from frontend_model.row_view import active_rows, rows
+from frontend_model.step_checkpoint import Checkpoints, StepCheckpoint
+
+logger = logging.getLogger(__name__)
+
+
+class RowFault(RuntimeError):
+    """One slot's part of a batched step failed (it raised, or its logits were not finite): that slot's state is
+    lost, the other slots' state is intact."""
 
 
 class BatchEngine(Engine):
@@ -42,6 +62,12 @@ class BatchEngine(Engine):
         self._span_slot = 0
         # Step only the rows from the first to the last with a frame: eager on CPU; CUDA graphs want the batch.
         self.compact = model.device.type != "cuda"
+        self._checkpoints: Checkpoints | None = None
+        self._faulted: set[int] = set()  # slots whose KV rows may hold NaN until they are reset
+
+    def start(self) -> None:
+        super().start()
+        self._checkpoints = Checkpoints([self.lm_gen], [(self._sampler(), "draws")])
 
     def slot_offset(self, slot: int) -> int:
         return int(self._state().offsets[slot])
@@ -53,6 +79,10 @@ class BatchEngine(Engine):
         self._require_running("reset_slot")
         state = self._state()
         mask = self._one_hot(slot)
+        if slot in self._faulted:
+            for attn in attention_layers(self.model.lm.transformer):
+                attn._streaming_state.kv_cache.cache[:, slot].zero_()  # type: ignore[union-attr]
+            self._faulted.discard(slot)
         self._sampler().set_row(slot, sampling or RowSampling.from_config(self.sampling))
         offset_cpu = state.offset_cpu
         self.lm_gen.reset_streaming(mask)
@@ -65,27 +95,78 @@ class BatchEngine(Engine):
         self._sampler().set_row(slot, sampling, restart)
 
     @torch.no_grad()
-    def step_slots(self, user_codes: torch.Tensor, active: torch.Tensor) -> list[StepResult | None]:
-        """One tick: `user_codes` [slots, user codebooks]; `active` [slots] marks slots with a fresh frame."""
+    def step_slots(self, user_codes: torch.Tensor, active: torch.Tensor) -> list[StepResult | RowFault | None]:
+        """One tick: `user_codes` [slots, user codebooks]; `active` [slots] (host) marks slots with a fresh frame.
+
+        A slot whose part of the step failed gets a RowFault; the others' results are unchanged by it."""
         self._require_running("step_slots")
         if user_codes.shape != (self.slots, self.span.user_codebooks) or active.shape != (self.slots,):
             raise ValueError(f"expected codes [{self.slots}, {self.span.user_codebooks}] and a mask [{self.slots}]")
-        active = active.to(self.model.device, torch.bool)
-        self.lm_gen.set_exec_mask(active)
-        lo, hi = active_rows(active, self.compact)
-        with rows([self.lm_gen], lo, hi), self._sampler().installed(active, lo, hi):
-            out = self.lm_gen.step(user_codes.to(self.model.device, torch.long)[lo:hi, :, None])
+        codes = user_codes.to(self.model.device, torch.long)
+        active = active.to("cpu", torch.bool)
+        checkpoint = self._checkpoint().take()
+        try:
+            out, lo, hi = self._step_rows(codes, active)
+        except Exception as exc:
+            return self._isolate(codes, active, checkpoint, exc)
         self.steps += 1
-        results: list[StepResult | None] = []
+        return self._results(out, lo, hi, active)
+
+    def _step_rows(self, codes: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor | None, int, int]:
+        """LMGen's step for the `active` slots: its output for the rows lo..hi-1 it computed, lo and hi."""
+        mask = active.to(self.model.device)
+        self.lm_gen.set_exec_mask(mask)
+        lo, hi = active_rows(mask, self.compact)
+        with rows([self.lm_gen], lo, hi), self._sampler().installed(mask, lo, hi):
+            return self.lm_gen.step(codes[lo:hi, :, None]), lo, hi
+
+    def _results(self, out: torch.Tensor | None, lo: int, hi: int,
+                 active: torch.Tensor) -> list[StepResult | RowFault | None]:
+        """The step's outputs and the rows' finite flags, in one copy to the host."""
+        finite = self._sampler().finite[lo:hi, None].long()
+        agent = self.span.agent_codebooks
+        host = (finite if out is None else torch.cat([out[:, : 1 + agent, 0], finite], dim=1)).cpu()
+        results: list[StepResult | RowFault | None] = []
         for slot, is_active in enumerate(active.tolist()):
             if not is_active:
                 results.append(None)
-            elif out is None or int(out[slot - lo, 0, 0]) == self.model.lm.ungenerated_token_id:
+                continue
+            row = host[slot - lo]
+            if not bool(row[-1]):
+                self._faulted.add(slot)
+                results.append(RowFault(f"slot {slot}: NaN or inf in the model's logits"))
+            elif out is None or int(row[0]) == self.model.lm.ungenerated_token_id:
                 results.append(StepResult(None, None))
             else:
-                codes = out[slot - lo, 1 : 1 + self.span.agent_codebooks, 0]
-                results.append(StepResult(int(out[slot - lo, 0, 0]), codes))
+                results.append(StepResult(int(row[0]), row[1 : 1 + agent]))
         return results
+
+    def _isolate(self, codes: torch.Tensor, active: torch.Tensor, checkpoint: StepCheckpoint,
+                 error: Exception) -> list[StepResult | RowFault | None]:
+        """The batched step raised: undo it, step each active slot alone to find the ones that raise, and step the
+        others again together. If no slot raises alone, the step as a whole failed: `error` is raised with every
+        slot's state as it was before the step."""
+        logger.warning("a batched step raised; finding the slots that raise alone", exc_info=error)
+        checkpoint.restore()
+        faults: dict[int, RowFault] = {}
+        for slot in active.nonzero().flatten().tolist():
+            try:
+                self._step_rows(codes, self._one_hot(slot).cpu())
+            except Exception as exc:
+                faults[slot] = RowFault(f"slot {slot}: {type(exc).__name__}: {exc}")
+                self._faulted.add(slot)
+            checkpoint.restore()
+        if not faults:
+            raise error
+        healthy = active.clone()
+        healthy[list(faults)] = False
+        results = self.step_slots(codes, healthy) if bool(healthy.any()) else [None] * self.slots
+        return [faults.get(slot, result) for slot, result in enumerate(results)]
+
+    def _checkpoint(self) -> Checkpoints:
+        if self._checkpoints is None:
+            raise EngineStateError("engine not started")
+        return self._checkpoints
 
     @torch.no_grad()
     def inject_slot(self, slot: int, block: Block) -> None:
@@ -95,7 +176,11 @@ class BatchEngine(Engine):
             raise EngineStateError(f"inject before slot {slot}'s first step")
         self.lm_gen.set_exec_mask(self._one_hot(slot))
         self._span_slot = slot
-        self._insert(block, one_pass=True)
+        try:
+            self._insert(block, one_pass=True)
+        except Exception:
+            self._faulted.add(slot)  # its session fails; its KV rows are zeroed when the slot is reset
+            raise
 
     @torch.no_grad()
     def prefill_slot(self, slot: int, prefix: Prefix) -> None:

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from frontend_model.batch_engine import BatchEngine
+from frontend_model.batch_engine import BatchEngine, RowFault
 from frontend_model.block import Block, Prefix
 from frontend_model.codec import BatchFrameCodec
-from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, FRAME_S, SAMPLED, PrefillCost, SamplingConfig
+from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, FRAME_S, SAMPLED, PrefillCost, SamplingConfig, StepResult
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel
 from frontend_model.row_sampling import RowSampling
 
@@ -75,26 +75,30 @@ class BatchedModel:
         self.engine.inject_slot(slot, block)
 
     @torch.no_grad()
-    def tick(self, frames: dict[int, np.ndarray]) -> dict[int, SlotOutput]:
-        """One frame for each slot in `frames` (slot -> 1920 samples of user PCM), as one batch."""
+    def tick(self, frames: dict[int, np.ndarray]) -> dict[int, SlotOutput | RowFault]:
+        """One frame for each slot in `frames` (slot -> 1920 samples of user PCM), as one batch; a slot whose part
+        of the step failed gets its RowFault (its state is lost), the others their output."""
         active = torch.zeros(self.slots, dtype=torch.bool)
         pcm = np.zeros((self.slots, FRAME_SAMPLES), np.float32)
         for slot, frame in frames.items():
             active[slot] = True
             pcm[slot] = frame
         results = self.engine.step_slots(self.codec.encode(pcm, active), active)
-        speaking = torch.tensor([r is not None and r.agent_codes is not None for r in results])
+        speaking = torch.tensor([isinstance(r, StepResult) and r.agent_codes is not None for r in results])
         agent_pcm = None
         if bool(speaking.any()):
             codes = torch.zeros((self.slots, self.model.span.agent_codebooks), dtype=torch.long)
             for slot, result in enumerate(results):
-                if result is not None and result.agent_codes is not None:
+                if isinstance(result, StepResult) and result.agent_codes is not None:
                     codes[slot] = result.agent_codes
             agent_pcm = self.codec.decode(codes, speaking)
-        outputs: dict[int, SlotOutput] = {}
+        outputs: dict[int, SlotOutput | RowFault] = {}
         for slot in frames:
             result = results[slot]
             assert result is not None  # an active slot always has a result
+            if isinstance(result, RowFault):
+                outputs[slot] = result
+                continue
             self.frames_stepped[slot] += 1
             audio = agent_pcm[slot].copy() if agent_pcm is not None and bool(speaking[slot]) else None
             outputs[slot] = SlotOutput(result.text_token, audio)

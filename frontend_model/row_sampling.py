@@ -10,6 +10,9 @@ depend on its own seed and on how many times it has sampled, never on its neighb
 few tensor ops (one top-k at the widest k of the rows, per-row temperature, Gumbel-max over the hashed noise) with
 no per-row kernel and no host sync, which also holds inside the CUDA graph LMGen captures for its depformer (a
 graph replays the sampler's tensors, so every update to them is in place).
+
+The sampler also flags, per row and on the device, logits holding a NaN or +inf (a row's max that is not finite):
+every logit LMGen samples from passes here, so the flag of a step is read with its outputs, in the same copy.
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ class RowSampler:
         self.seed = {s: torch.zeros(slots, dtype=torch.long, device=device) for s in Stream}
         self.draws = torch.zeros(slots, dtype=torch.long, device=device)
         self.active = torch.ones(slots, dtype=torch.bool, device=device)
+        self.finite = torch.ones(slots, dtype=torch.bool, device=device)  # since `installed`: no NaN or +inf drawn from
         # Candidates each slot keeps (0: all), host side: eager calls rank only the most any slot keeps; a CUDA graph
         # replays the width it was captured with, so there every call ranks the whole vocabulary.
         self._keep = {s: [0] * slots for s in Stream}
@@ -129,6 +133,7 @@ class RowSampler:
     def installed(self, active: torch.Tensor, lo: int = 0, hi: int | None = None) -> Iterator[None]:
         """LMGen's sampling on this thread goes through this sampler for rows lo..hi-1; only `active` rows draw."""
         self.active.copy_(active)
+        self.finite.fill_(True)
         self._rows = (lo, self.slots if hi is None else hi)
         previous = getattr(_current, "sampler", None)
         _current.sampler = self
@@ -146,6 +151,8 @@ class RowSampler:
         self.draws[lo:hi] += self.active[lo:hi].long()
         vocab = logits.shape[-1]
         flat = logits.reshape(rows, -1, vocab).float()
+        # A row's max is NaN if any logit is, +inf if any is; -inf everywhere (nothing left to sample) fails too.
+        self.finite[lo:hi] &= torch.isfinite(flat.amax(dim=-1)).all(dim=-1) | ~self.active[lo:hi]
         temperature = self.temperature[stream][lo:hi]
         topk = self.topk[stream][lo:hi]
         # Greedy rows keep the best token only; top-k 0 means no limit.

@@ -14,6 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.websockets import WebSocketDisconnect
 
+from frontend_model.batch_engine import RowFault
 from frontend_model.batch_model import BatchedModel
 from frontend_model.calibration import TickCost, calibrate_prefill, calibrate_ticks, tick_sizes
 from frontend_model.engine import no_span_budget_warning
@@ -431,6 +432,8 @@ async def serve_session(ws: WebSocket, state: ServerState) -> None:
         code, reason = end.code, end.reason
     except WorkerRestarted as exc:
         code, reason = p.CLOSE_INTERNAL, p.close_reason("worker_restarted", str(exc))
+    except RowFault as exc:
+        code, reason = p.CLOSE_INTERNAL, p.close_reason("model_fault", str(exc))
     except (WebSocketDisconnect, OSError):  # the client left (uvicorn's ClientDisconnected is an OSError)
         pass
     except RuntimeError as exc:

@@ -3,8 +3,10 @@
 Sessions hand their next frame (and the span to inject before it, if any) to `step` and await its output. The
 tick loop, on the event loop, decides with the TickScheduler when to run a tick over the frames waiting and which
 spans fit its budget, and runs it on the model worker. A span that does not fit comes back `deferred` for the
-session's next frame. A failure in one slot's own work (its frame, its span) fails that session only; a failure
-of the batched forward fails the sessions in that tick, as their model state can no longer be trusted.
+session's next frame. A failure in one slot's own work (its frame, its span) fails that session only, and so does a
+failure of its row inside the batched step (BatchEngine isolates it: the other sessions get their frames, their
+state untouched). Only a failure no single row explains (the step fails for any rows, the codec fails) fails every
+session in that tick.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from frontend_model.batch_engine import RowFault
 from frontend_model.batch_model import BatchedModel
 from frontend_model.block import Prefix
 from frontend_model.calibration import TickCost
@@ -252,6 +255,10 @@ class Batcher:
         self.metrics.tick_cpu_seconds.observe(time.thread_time() - start_cpu)
         results = dict(failed)
         for slot, out in outputs.items():
+            if isinstance(out, RowFault):
+                logger.error("slot %d failed in the batched step: %s", slot, out)
+                results[slot] = _SlotResult(None, out)
+                continue
             frame, span = frames[slot]
             deferred = span if slot in defer else None
             results[slot] = _SlotResult(FrameOutput(frame, out.agent_pcm, out.text_token, compute_s, outcomes[slot],

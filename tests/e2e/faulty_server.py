@@ -1,7 +1,8 @@
 """`contextspan serve` with faults injected, in its own process as in production: `python -m tests.e2e.faulty_server
 serve ...` with FAULTS set, e.g. `step_raise@20` (the first session to reach frame 20 fails in its own part of the
-tick), `slow_prefill@12` (every session's prefill takes 12 s longer) or `asr_raise` (Whisper's worker process
-raises on every call)."""
+tick, before the batched step), `forward_raise@20` / `forward_nan@20` (from that frame on, that session's row raises,
+or turns NaN, inside the batched step's transformer forward), `slow_prefill@12` (every session's prefill takes 12 s
+longer) or `asr_raise` (Whisper's worker process raises on every call)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from frontend_model.batch_model import BatchedModel
 from server.batcher import Batcher
 from server.cli import main
 from server.frame_clock import InputFrame
@@ -38,6 +40,37 @@ def break_slot_frame(at_frame: int, fault: Callable[[], None]) -> Callable[[Batc
     return slot_frame
 
 
+def break_forward(at_frame: int, kind: str) -> None:
+    """Patch BatchedModel so that the first session to reach `at_frame` has its row fault inside the batched step
+    (tests/engine_helpers.ForwardFault) until its slot is opened again. Calibration and warm-up ticks (no session
+    opened) do not arm it."""
+    from tests.engine_helpers import ForwardFault
+
+    original_tick, original_open = BatchedModel.tick, BatchedModel.open_slot
+    faults: dict[int, ForwardFault] = {}  # id(model) -> its fault
+    opened: set[int] = set()
+    fired: list[int] = []
+
+    def tick(self: BatchedModel, frames: dict[int, np.ndarray]) -> dict:
+        if id(self) not in faults:
+            faults[id(self)] = ForwardFault(self.engine, kind)
+        fault = faults[id(self)]
+        for slot in frames:
+            if not fired and slot in opened and self.frames_stepped[slot] == at_frame:
+                fired.append(slot)
+                fault.arm(slot)
+        return original_tick(self, frames)
+
+    def open_slot(self: BatchedModel, slot: int, *args: object) -> float:
+        if id(self) in faults:
+            faults[id(self)].disarm(slot)
+        opened.add(slot)
+        return original_open(self, slot, *args)  # type: ignore[arg-type]
+
+    BatchedModel.tick = tick  # type: ignore[method-assign]
+    BatchedModel.open_slot = open_slot  # type: ignore[method-assign]
+
+
 def injected_step_fault() -> None:
     raise RuntimeError("injected step fault")
 
@@ -59,6 +92,8 @@ def install(faults: str) -> None:
         name, _, argument = fault.partition("@")
         if name == "step_raise":
             Batcher._slot_frame = break_slot_frame(int(argument), injected_step_fault)  # type: ignore[method-assign]
+        elif name in ("forward_raise", "forward_nan"):
+            break_forward(int(argument), name.removeprefix("forward_"))
         elif name == "slow_prefill":
             Batcher.open = slow_open(float(argument))  # type: ignore[method-assign]
         elif name == "asr_raise":
