@@ -20,6 +20,7 @@ from frontend_model.engine import (
     SamplingConfig,
     StepResult,
 )
+from frontend_model.graphs import graph_path, to_host
 from frontend_model.loading import LoadedModel
 from frontend_model.row_sampling import RowSampling
 from frontend_model.row_view import active_rows, rows
@@ -41,7 +42,7 @@ class BatchEngine(Engine):
         self.slots = slots
         self._span_slot = 0
         # Step only the rows from the first to the last with a frame: eager on CPU; CUDA graphs want the batch.
-        self.compact = model.device.type != "cuda"
+        self.compact = not graph_path(model.device)
 
     def slot_offset(self, slot: int) -> int:
         return int(self._state().offsets[slot])
@@ -61,9 +62,11 @@ class BatchEngine(Engine):
         state.offset_cpu = offset_cpu
 
     @torch.no_grad()
-    def step_slots(self, user_codes: torch.Tensor, active: torch.Tensor) -> list[StepResult | None]:
-        """One tick: `user_codes` [slots, user codebooks]; `active` [slots] marks slots with a fresh frame."""
-        self._require_running("step_slots")
+    def step_batch(self, user_codes: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """One tick, left on the device (no host read): `user_codes` [slots, user codebooks]; `active` [slots] marks
+        slots with a fresh frame. Returns [slots, 1 + agent codebooks] (text, agent codes); a slot without output
+        (masked, or its delays still filling) has the ungenerated id in its text column."""
+        self._require_running("step_batch")
         if user_codes.shape != (self.slots, self.span.user_codebooks) or active.shape != (self.slots,):
             raise ValueError(f"expected codes [{self.slots}, {self.span.user_codebooks}] and a mask [{self.slots}]")
         active = active.to(self.model.device, torch.bool)
@@ -72,16 +75,21 @@ class BatchEngine(Engine):
         with rows([self.lm_gen], lo, hi), self._sampler().installed(active, lo, hi):
             out = self.lm_gen.step(user_codes.to(self.model.device, torch.long)[lo:hi, :, None])
         self.steps += 1
-        results: list[StepResult | None] = []
-        for slot, is_active in enumerate(active.tolist()):
-            if not is_active:
-                results.append(None)
-            elif out is None or int(out[slot - lo, 0, 0]) == self.model.lm.ungenerated_token_id:
-                results.append(StepResult(None, None))
-            else:
-                codes = out[slot - lo, 1 : 1 + self.span.agent_codebooks, 0]
-                results.append(StepResult(int(out[slot - lo, 0, 0]), codes))
-        return results
+        tokens = torch.full((self.slots, 1 + self.span.agent_codebooks), self.model.lm.ungenerated_token_id,
+                            dtype=torch.long, device=self.model.device)
+        if out is not None:
+            tokens[lo:hi] = out[:, : 1 + self.span.agent_codebooks, 0]
+        return tokens
+
+    @torch.no_grad()
+    def step_slots(self, user_codes: torch.Tensor, active: torch.Tensor) -> list[StepResult | None]:
+        """`step_batch` with its outputs on the host, in one transfer: a StepResult per active slot, else None."""
+        device = self.model.device
+        tokens = self.step_batch(user_codes, active)
+        host = to_host(torch.cat([tokens, active.to(device, torch.long)[:, None]], dim=1))
+        ungenerated = self.model.lm.ungenerated_token_id
+        return [None if not row[-1] else StepResult(None, None) if row[0] == ungenerated
+                else StepResult(int(row[0]), torch.from_numpy(row[1:-1].copy())) for row in host]
 
     @torch.no_grad()
     def inject_slot(self, slot: int, block: Block) -> None:

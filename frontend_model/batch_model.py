@@ -17,6 +17,7 @@ from frontend_model.batch_engine import BatchEngine
 from frontend_model.block import Block, Prefix
 from frontend_model.codec import BatchFrameCodec
 from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, FRAME_S, SAMPLED, PrefillCost, SamplingConfig
+from frontend_model.graphs import to_host
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel
 from frontend_model.row_sampling import RowSampling
 
@@ -76,26 +77,28 @@ class BatchedModel:
 
     @torch.no_grad()
     def tick(self, frames: dict[int, np.ndarray]) -> dict[int, SlotOutput]:
-        """One frame for each slot in `frames` (slot -> 1920 samples of user PCM), as one batch."""
-        active = torch.zeros(self.slots, dtype=torch.bool)
+        """One frame for each slot in `frames` (slot -> 1920 samples of user PCM), as one batch.
+
+        Encode, step and decode stay on the device; the text tokens, who speaks and the agent PCM of every slot come
+        back together in one transfer (a host read per slot would stall the device once per read)."""
+        mask = np.zeros(self.slots, bool)
         pcm = np.zeros((self.slots, FRAME_SAMPLES), np.float32)
         for slot, frame in frames.items():
-            active[slot] = True
+            mask[slot] = True
             pcm[slot] = frame
-        results = self.engine.step_slots(self.codec.encode(pcm, active), active)
-        speaking = torch.tensor([r is not None and r.agent_codes is not None for r in results])
-        agent_pcm = None
-        if bool(speaking.any()):
-            codes = torch.zeros((self.slots, self.model.span.agent_codebooks), dtype=torch.long)
-            for slot, result in enumerate(results):
-                if result is not None and result.agent_codes is not None:
-                    codes[slot] = result.agent_codes
-            agent_pcm = self.codec.decode(codes, speaking)
+        active = torch.from_numpy(mask).to(self.model.device)
+        tokens = self.engine.step_batch(self.codec.encode(pcm, active), active)
+        speaking = active & (tokens[:, 0] != self.model.lm.ungenerated_token_id)
+        agent_pcm = self.codec.decode(torch.where(speaking[:, None], tokens[:, 1:], 0), speaking)
+        # Integers travel bit for bit as float32 (token ids < 2**31).
+        text_and_speaking = torch.stack([tokens[:, 0], speaking.long()], dim=1).to(torch.int32).view(torch.float32)
+        host = to_host(torch.cat([agent_pcm, text_and_speaking], dim=1))
+        text, spoke = host[:, FRAME_SAMPLES:].view(np.int32).T
         outputs: dict[int, SlotOutput] = {}
         for slot in frames:
-            result = results[slot]
-            assert result is not None  # an active slot always has a result
             self.frames_stepped[slot] += 1
-            audio = agent_pcm[slot].copy() if agent_pcm is not None and bool(speaking[slot]) else None
-            outputs[slot] = SlotOutput(result.text_token, audio)
+            if spoke[slot]:
+                outputs[slot] = SlotOutput(int(text[slot]), host[slot, :FRAME_SAMPLES].copy())
+            else:
+                outputs[slot] = SlotOutput(None, None)
         return outputs
