@@ -17,6 +17,7 @@ session through an attention weight of zero.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -31,6 +32,7 @@ from frontend_model.engine import (
     SamplingConfig,
     StepResult,
 )
+from frontend_model.graphs import graph_path, to_host
 from frontend_model.kv_ring import attention_layers
 from frontend_model.loading import LoadedModel
 from frontend_model.row_sampling import RowSampling
@@ -43,6 +45,15 @@ logger = logging.getLogger(__name__)
 class RowFault(RuntimeError):
     """One slot's part of a batched step failed (it raised, or its logits were not finite): that slot's state is
     lost, the other slots' state is intact."""
+
+
+@dataclass(frozen=True)
+class BatchStep:
+    """A tick's outputs, on the device until the tick's one transfer to the host."""
+
+    tokens: torch.Tensor  # [slots, 1 + agent codebooks]: text, agent codes; the ungenerated id where no output
+    finite: torch.Tensor  # [slots] bool: the row's logits held no NaN or +inf
+    raised: dict[int, RowFault]  # slots whose part of the step raised
 
 
 class BatchEngine(Engine):
@@ -61,7 +72,7 @@ class BatchEngine(Engine):
         self.slots = slots
         self._span_slot = 0
         # Step only the rows from the first to the last with a frame: eager on CPU; CUDA graphs want the batch.
-        self.compact = model.device.type != "cuda"
+        self.compact = not graph_path(model.device)
         self._checkpoints: Checkpoints | None = None
         self._faulted: set[int] = set()  # slots whose KV rows may hold NaN until they are reset
 
@@ -95,73 +106,91 @@ class BatchEngine(Engine):
         self._sampler().set_row(slot, sampling, restart)
 
     @torch.no_grad()
-    def step_slots(self, user_codes: torch.Tensor, active: torch.Tensor) -> list[StepResult | RowFault | None]:
-        """One tick: `user_codes` [slots, user codebooks]; `active` [slots] (host) marks slots with a fresh frame.
-
-        A slot whose part of the step failed gets a RowFault; the others' results are unchanged by it."""
-        self._require_running("step_slots")
+    def step_batch(self, user_codes: torch.Tensor, active: torch.Tensor) -> BatchStep:
+        """One tick, left on the device (no host read): `user_codes` [slots, user codebooks]; `active` [slots] marks
+        slots with a fresh frame. A slot whose part of the step raised is in `raised` (found on the fault path);
+        the others' results are unchanged by it."""
+        self._require_running("step_batch")
         if user_codes.shape != (self.slots, self.span.user_codebooks) or active.shape != (self.slots,):
             raise ValueError(f"expected codes [{self.slots}, {self.span.user_codebooks}] and a mask [{self.slots}]")
         codes = user_codes.to(self.model.device, torch.long)
-        active = active.to("cpu", torch.bool)
         checkpoint = self._checkpoint().take()
         try:
             out, lo, hi = self._step_rows(codes, active)
         except Exception as exc:
             return self._isolate(codes, active, checkpoint, exc)
         self.steps += 1
-        return self._results(out, lo, hi, active)
+        return BatchStep(self._tokens(out, lo, hi), self._sampler().finite.clone(), {})
 
     def _step_rows(self, codes: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor | None, int, int]:
         """LMGen's step for the `active` slots: its output for the rows lo..hi-1 it computed, lo and hi."""
-        mask = active.to(self.model.device)
+        mask = active.to(self.model.device, torch.bool)
         self.lm_gen.set_exec_mask(mask)
         lo, hi = active_rows(mask, self.compact)
         with rows([self.lm_gen], lo, hi), self._sampler().installed(mask, lo, hi):
             return self.lm_gen.step(codes[lo:hi, :, None]), lo, hi
 
-    def _results(self, out: torch.Tensor | None, lo: int, hi: int,
-                 active: torch.Tensor) -> list[StepResult | RowFault | None]:
-        """The step's outputs and the rows' finite flags, in one copy to the host."""
-        finite = self._sampler().finite[lo:hi, None].long()
-        agent = self.span.agent_codebooks
-        host = (finite if out is None else torch.cat([out[:, : 1 + agent, 0], finite], dim=1)).cpu()
+    def _tokens(self, out: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor:
+        """[slots, 1 + agent codebooks] (text, agent codes); the ungenerated id where a slot has no output (masked,
+        or its delays still filling)."""
+        tokens = torch.full((self.slots, 1 + self.span.agent_codebooks), self.model.lm.ungenerated_token_id,
+                            dtype=torch.long, device=self.model.device)
+        if out is not None:
+            tokens[lo:hi] = out[:, : 1 + self.span.agent_codebooks, 0]
+        return tokens
+
+    @torch.no_grad()
+    def step_slots(self, user_codes: torch.Tensor, active: torch.Tensor) -> list[StepResult | RowFault | None]:
+        """`step_batch` with its outputs on the host, in one transfer: per slot a StepResult, a RowFault, or None
+        when it was not active."""
+        step = self.step_batch(user_codes, active)
+        device = self.model.device
+        flags = torch.stack([step.finite.long(), active.to(device, torch.long)], dim=1)
+        host = to_host(torch.cat([step.tokens, flags], dim=1))
+        ungenerated = self.model.lm.ungenerated_token_id
         results: list[StepResult | RowFault | None] = []
-        for slot, is_active in enumerate(active.tolist()):
-            if not is_active:
+        for slot, row in enumerate(host):
+            if slot in step.raised:
+                results.append(step.raised[slot])
+            elif not row[-1]:
                 results.append(None)
-                continue
-            row = host[slot - lo]
-            if not bool(row[-1]):
-                self._faulted.add(slot)
-                results.append(RowFault(f"slot {slot}: NaN or inf in the model's logits"))
-            elif out is None or int(row[0]) == self.model.lm.ungenerated_token_id:
+            elif not row[-2]:
+                results.append(self.non_finite(slot))
+            elif row[0] == ungenerated:
                 results.append(StepResult(None, None))
             else:
-                results.append(StepResult(int(row[0]), row[1 : 1 + agent]))
+                results.append(StepResult(int(row[0]), torch.from_numpy(row[1:-2].copy())))
         return results
 
+    def non_finite(self, slot: int) -> RowFault:
+        """`slot`'s logits held a NaN or +inf this tick: its state is lost (and its KV rows zeroed at its reset)."""
+        self._faulted.add(slot)
+        return RowFault(f"slot {slot}: NaN or inf in the model's logits")
+
     def _isolate(self, codes: torch.Tensor, active: torch.Tensor, checkpoint: StepCheckpoint,
-                 error: Exception) -> list[StepResult | RowFault | None]:
+                 error: Exception) -> BatchStep:
         """The batched step raised: undo it, step each active slot alone to find the ones that raise, and step the
         others again together. If no slot raises alone, the step as a whole failed: `error` is raised with every
-        slot's state as it was before the step."""
+        slot's state as it was before the step. (The fault path: the host reads the mask here.)"""
         logger.warning("a batched step raised; finding the slots that raise alone", exc_info=error)
         checkpoint.restore()
         faults: dict[int, RowFault] = {}
-        for slot in active.nonzero().flatten().tolist():
+        for slot in active.cpu().nonzero().flatten().tolist():
             try:
-                self._step_rows(codes, self._one_hot(slot).cpu())
+                self._step_rows(codes, self._one_hot(slot))
             except Exception as exc:
                 faults[slot] = RowFault(f"slot {slot}: {type(exc).__name__}: {exc}")
                 self._faulted.add(slot)
             checkpoint.restore()
         if not faults:
             raise error
-        healthy = active.clone()
+        healthy = active.to(self.model.device, torch.bool).clone()
         healthy[list(faults)] = False
-        results = self.step_slots(codes, healthy) if bool(healthy.any()) else [None] * self.slots
-        return [faults.get(slot, result) for slot, result in enumerate(results)]
+        if not bool(healthy.any()):
+            return BatchStep(self._tokens(None, 0, 0), torch.ones(self.slots, dtype=torch.bool,
+                                                                  device=self.model.device), faults)
+        step = self.step_batch(codes, healthy)
+        return BatchStep(step.tokens, step.finite, {**step.raised, **faults})
 
     def _checkpoint(self) -> Checkpoints:
         if self._checkpoints is None:

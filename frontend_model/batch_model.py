@@ -16,7 +16,8 @@ import torch
 from frontend_model.batch_engine import BatchEngine, RowFault
 from frontend_model.block import Block, Prefix
 from frontend_model.codec import BatchFrameCodec
-from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, FRAME_S, SAMPLED, PrefillCost, SamplingConfig, StepResult
+from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, FRAME_S, SAMPLED, PrefillCost, SamplingConfig
+from frontend_model.graphs import to_host
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel
 from frontend_model.row_sampling import RowSampling
 
@@ -77,29 +78,36 @@ class BatchedModel:
     @torch.no_grad()
     def tick(self, frames: dict[int, np.ndarray]) -> dict[int, SlotOutput | RowFault]:
         """One frame for each slot in `frames` (slot -> 1920 samples of user PCM), as one batch; a slot whose part
-        of the step failed gets its RowFault (its state is lost), the others their output."""
-        active = torch.zeros(self.slots, dtype=torch.bool)
+        of the step failed gets its RowFault (its state is lost), the others their output.
+
+        Encode, step and decode stay on the device; the text tokens, who speaks, whose logits were finite and the
+        agent PCM of every slot come back together in one transfer (a host read per slot would stall the device
+        once per read)."""
+        mask = np.zeros(self.slots, bool)
         pcm = np.zeros((self.slots, FRAME_SAMPLES), np.float32)
         for slot, frame in frames.items():
-            active[slot] = True
+            mask[slot] = True
             pcm[slot] = frame
-        results = self.engine.step_slots(self.codec.encode(pcm, active), active)
-        speaking = torch.tensor([isinstance(r, StepResult) and r.agent_codes is not None for r in results])
-        agent_pcm = None
-        if bool(speaking.any()):
-            codes = torch.zeros((self.slots, self.model.span.agent_codebooks), dtype=torch.long)
-            for slot, result in enumerate(results):
-                if isinstance(result, StepResult) and result.agent_codes is not None:
-                    codes[slot] = result.agent_codes
-            agent_pcm = self.codec.decode(codes, speaking)
+        active = torch.from_numpy(mask).to(self.model.device)
+        step = self.engine.step_batch(self.codec.encode(pcm, active), active)
+        tokens = step.tokens
+        speaking = active & step.finite & (tokens[:, 0] != self.model.lm.ungenerated_token_id)
+        agent_pcm = self.codec.decode(torch.where(speaking[:, None], tokens[:, 1:], 0), speaking)
+        # Integers travel bit for bit as float32 (token ids < 2**31).
+        flags = torch.stack([tokens[:, 0], speaking.long(), step.finite.long()], dim=1)
+        host = to_host(torch.cat([agent_pcm, flags.to(torch.int32).view(torch.float32)], dim=1))
+        text, spoke, finite = host[:, FRAME_SAMPLES:].view(np.int32).T
         outputs: dict[int, SlotOutput | RowFault] = {}
         for slot in frames:
-            result = results[slot]
-            assert result is not None  # an active slot always has a result
-            if isinstance(result, RowFault):
-                outputs[slot] = result
+            if slot in step.raised:
+                outputs[slot] = step.raised[slot]
+                continue
+            if not finite[slot]:
+                outputs[slot] = self.engine.non_finite(slot)
                 continue
             self.frames_stepped[slot] += 1
-            audio = agent_pcm[slot].copy() if agent_pcm is not None and bool(speaking[slot]) else None
-            outputs[slot] = SlotOutput(result.text_token, audio)
+            if spoke[slot]:
+                outputs[slot] = SlotOutput(int(text[slot]), host[slot, :FRAME_SAMPLES].copy())
+            else:
+                outputs[slot] = SlotOutput(None, None)
         return outputs

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from moshi.models.compression import MimiModel
 
+from frontend_model.graphs import graph_path, replay_graphs
 from frontend_model.loading import FRAME_SAMPLES
 from frontend_model.row_view import active_rows, rows
 
@@ -24,6 +25,7 @@ class FrameCodec:
         if self._stream is not None:
             raise RuntimeError("codec already open")
         self._stream = self.mimi.streaming(1)
+        replay_graphs(self.mimi)
 
     def close(self) -> None:
         if self._stream is not None:
@@ -52,13 +54,14 @@ class BatchFrameCodec:
         self.mimi = mimi
         self.slots = slots
         self.device = next(mimi.parameters()).device
-        self.compact = self.device.type != "cuda"  # as in BatchEngine
+        self.compact = not graph_path(self.device)  # as in BatchEngine
         self._stream: ExitStack | None = None
 
     def open(self) -> None:
         if self._stream is not None:
             raise RuntimeError("codec already open")
         self._stream = self.mimi.streaming(self.slots)
+        replay_graphs(self.mimi)
 
     def close(self) -> None:
         if self._stream is not None:
@@ -84,13 +87,14 @@ class BatchFrameCodec:
         return out
 
     @torch.no_grad()
-    def decode(self, codes: torch.Tensor, active: torch.Tensor) -> np.ndarray:
-        """[slots, codebooks] -> [slots, 1920] PCM; rows of inactive slots are meaningless."""
+    def decode(self, codes: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """[slots, codebooks] -> [slots, 1920] float32 PCM, on the device (the tick moves it to the host with its
+        other outputs); rows of inactive slots are meaningless."""
         active = active.to(self.device)
         self.mimi.set_exec_mask(active)
         lo, hi = active_rows(active, self.compact)
         with rows([self.mimi], lo, hi):
-            pcm = self.mimi.decode(codes[lo:hi].to(self.device)[:, :, None])[:, 0].float().cpu().numpy()
-        out = np.zeros((self.slots, pcm.shape[1]), np.float32)
+            pcm = self.mimi.decode(codes[lo:hi].to(self.device)[:, :, None])[:, 0].float()
+        out = torch.zeros((self.slots, pcm.shape[1]), dtype=torch.float32, device=self.device)
         out[lo:hi] = pcm
         return out

@@ -26,6 +26,7 @@ from moshi.models.lm import LMGen
 
 from frontend_model.block import Block, Prefix
 from frontend_model.columns import delayed_columns, embed_columns, forward_embeddings, initial_columns
+from frontend_model.graphs import replay_graphs
 from frontend_model.kv_ring import wide_rings
 from frontend_model.loading import LoadedModel
 from frontend_model.row_sampling import RowSampler, RowSampling, SamplingConfig, Stream
@@ -153,6 +154,7 @@ class Engine:
         with wide_rings(self.model.lm.transformer, self.max_span_frames) as capacity:
             self._stream = self.lm_gen.streaming(self.slots)
         self.kv_capacity = capacity
+        replay_graphs(self.lm_gen)
         self.sampler = RowSampler(self.slots, RowSampling.from_config(self.sampling), self.model.device)
         self._started = True
 
@@ -255,12 +257,11 @@ class Engine:
         return codes.view(1, -1, 1)
 
     def _on_text_logits(self, logits: torch.Tensor) -> None:
-        """Keeps the model's own logits for inspection, then masks the ids this model must never sample."""
-        if self._suppressed is None:
-            self.last_text_logits = logits
-            return
+        """Keeps a copy of the model's own logits for inspection (under CUDA graphs `logits` is the graph's output
+        buffer, which the next step overwrites), then masks the ids this model must never sample."""
         self.last_text_logits = logits.clone()
-        logits[..., self._suppressed] = float("-inf")
+        if self._suppressed is not None:
+            logits[..., self._suppressed] = float("-inf")
 
     def _forced_rows(self) -> tuple[int, int]:
         """The batch rows a span or prefix is written for: the engine's only one here."""

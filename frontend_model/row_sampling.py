@@ -28,6 +28,8 @@ import moshi.models.lm
 import moshi.utils.sampling
 import torch
 
+from frontend_model.graphs import graph_path
+
 SEED_LIMIT = 2**32
 _MASK32 = 0xFFFFFFFF
 
@@ -107,7 +109,7 @@ class RowSampler:
         # Candidates each slot keeps (0: all), host side: eager calls rank only the most any slot keeps; a CUDA graph
         # replays the width it was captured with, so there every call ranks the whole vocabulary.
         self._keep = {s: [0] * slots for s in Stream}
-        self._graphed = device.type == "cuda"
+        self._graphed = graph_path(device)
         self._rows = (0, slots)
         for slot in range(slots):
             self.set_row(slot, default)

@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 from frontend_model.compile_policy import apply_compile_policy
 
 apply_compile_policy()
@@ -10,3 +12,13 @@ if os.environ.get("CONTEXTSPAN_TEST_DEVICE", "cpu").startswith("cuda"):
     # Exact float32 comparisons on a GPU: TF32 would round matmul and convolution inputs to 10-bit mantissas.
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+
+
+@pytest.fixture(params=["compact", "whole-batch", "replay"])
+def compact(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """How a batch steps: compact, only the rows from the first to the last with a frame (CPU); whole-batch, every
+    row, masked ones too (the CUDA graph path); replay, the whole batch with every graphed call returning persistent
+    outputs, as replayed CUDA graphs do (frontend_model.graphs). True for compact."""
+    if request.param == "replay":
+        monkeypatch.setenv("CONTEXTSPAN_REPLAY_OUTPUTS", "1")
+    return request.param == "compact"

@@ -87,19 +87,16 @@ def run_and_compare(model: LoadedModel, plans: list[Plan], compact: bool) -> Non
         assert sum(1 for text, _ in expected if text is not None) > 10
 
 
-# compact: only the rows with a frame are stepped (CPU); not compact: the whole batch, masked rows too (CUDA graphs).
-@pytest.mark.parametrize("compact", [True, False], ids=["compact", "whole-batch"])
+# compact: see tests/conftest.py (compact, whole batch, replayed graph outputs).
 def test_four_sessions_equal_alone_with_a_span_mid_stream_after_wrap(model: LoadedModel, compact: bool) -> None:
     run_and_compare(model, [Plan(1), Plan(2, span_at=50, span_frames=MAX_SPAN), Plan(3, span_at=5), Plan(4)], compact)
 
 
-@pytest.mark.parametrize("compact", [True, False], ids=["compact", "whole-batch"])
 def test_dep_q16_sessions_equal_alone(personaplex_model: LoadedModel, compact: bool) -> None:
     run_and_compare(personaplex_model, [Plan(1, idle={7, 8}), Plan(2, span_at=50, span_frames=MAX_SPAN),
                                         Plan(3, join=9, leave=60, span_at=20)], compact)
 
 
-@pytest.mark.parametrize("compact", [True, False], ids=["compact", "whole-batch"])
 def test_masked_ticks_and_joins_and_leaves_do_not_change_the_others(model: LoadedModel, compact: bool) -> None:
     run_and_compare(model, [
         Plan(5, idle={3, 4, 20, 41}),

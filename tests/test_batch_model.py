@@ -95,8 +95,7 @@ def batched(model: LoadedModel, plans: list[Plan], prefixes: list[Prefix | None]
     return got
 
 
-# compact: only the rows with a frame are computed (CPU); not compact: the whole batch (CUDA graphs).
-@pytest.mark.parametrize("compact", [True, False], ids=["compact", "whole-batch"])
+# compact: see tests/conftest.py (compact, whole batch, replayed graph outputs).
 def test_four_sessions_in_one_batch_equal_each_alone(model: LoadedModel, compact: bool) -> None:
     plans = [
         Plan(1, idle={4, 5, 30}, span_at=45),
