@@ -148,6 +148,8 @@ def set_device(device: str | torch.device) -> None:
     code calls this (the loader, the model worker)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is not None:
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"{device} was asked for, but CUDA is not available to torch {torch.__version__}")
         torch.cuda.set_device(device.index)
 
 

@@ -131,6 +131,7 @@ def test_calibration_stops_at_the_largest_batch_that_fits(model: LoadedModel, mo
 
 def test_model_threads_run_on_the_models_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, str]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device",
                         lambda device: calls.append((device, threading.current_thread().name)))
     worker = ModelWorker("cuda:1")
@@ -244,6 +245,7 @@ def test_cuda_memory_calls_go_to_the_models_device(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
     monkeypatch.setattr(torch.cuda, "set_device", set_to.append)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cuda1 = torch.device("cuda:1")
     assert memory.free_bytes(cuda1) == 3 * gib and memory.device_total_bytes(cuda1) == 80 * gib
     assert asked == [cuda1, cuda1]
