@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import sphn
@@ -41,6 +42,16 @@ def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
                            "--keepalive-timeout-s", "3", faults=f"slow_prefill@{PREFILL_DELAY_S:g}")
     yield running
     stop_server(running)
+
+
+@pytest.fixture(autouse=True)
+def free_slot(slow_server: RunningServer) -> None:
+    """One slot: the previous test's session frees it once its teardown has run (its own prefill included), which a
+    slow host takes a while to do. Each test starts when /readyz says a slot is free, not refused 1013."""
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{slow_server.http}/readyz", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "no slot came free within 60 s"
+        time.sleep(0.1)
 
 
 class IdleClosingConnection(ClientConnection):

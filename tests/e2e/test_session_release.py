@@ -136,6 +136,10 @@ def test_sessions_leave_nothing_behind_without_gc(tmp_path: Path, speech: np.nda
             # One slot: a second client is refused 1013 while the first streams; then both end.
             holder = await websockets.connect(chat_url(server.ws), open_timeout=60)
             assert await asyncio.wait_for(holder.recv(), timeout=60) == p.handshake()
+            deadline = time.monotonic() + 30  # the holder's retrieval starts just after its handshake
+            while not any(s.retrieval is not None for s in server.state.sessions.values()):
+                assert time.monotonic() < deadline, "the holder's retrieval never started"
+                await asyncio.sleep(0.02)
             held = len(alive)
             refused = await websockets.connect(chat_url(server.ws), open_timeout=60)
             with pytest.raises(websockets.ConnectionClosed):
