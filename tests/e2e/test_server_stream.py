@@ -90,6 +90,7 @@ def test_session_update_changes_sampling_mid_stream(inproc_server: tuple[str, ob
     updates = [{"text_temperature": 0, "audio_topk": 7}, {"audio_seed": 5}, {"text_topk": -1}]
     texts = [(0.5 + 0.2 * i, json.dumps({"type": "session.update", "sampling": u})) for i, u in enumerate(updates)]
     query = {"text_seed": "11", "audio_seed": "12"}
+    asyncio.run(slot_free(state))
     result = asyncio.run(stream(chat_url(url, events=True, **query), speech[: 2 * SAMPLE_RATE], texts=texts))
     ready = result.of_type("session.ready")[0].sampling
     updated = [e.sampling for e in result.of_type("session.updated")]
@@ -121,6 +122,15 @@ def inproc_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
         yield running.ws, running.state, running.loop
 
 
+async def slot_free(state: object) -> None:
+    """One slot: the previous test's session gives it back once its teardown has run, which a slow host takes a
+    while to do; a test connecting before would be refused 1013."""
+    deadline = time.monotonic() + 60
+    while state.batcher.free != state.batcher.size or state.sessions:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the slot never came back"
+        await asyncio.sleep(0.02)
+
+
 def test_request_span_injects_at_next_frame(inproc_server: tuple[str, object, asyncio.AbstractEventLoop],
                                             speech: np.ndarray) -> None:
     """A span goes in at the first frame boundary after the request: before the session's next step, or the one
@@ -139,6 +149,7 @@ def test_request_span_injects_at_next_frame(inproc_server: tuple[str, object, as
         return bool(result.of_type("span.injected") or result.of_type("span.dropped"))  # type: ignore[attr-defined]
 
     async def run() -> object:
+        await slot_free(state)
         client = asyncio.create_task(stream(chat_url(url, events=True), speech[: 3 * SAMPLE_RATE], until=injected,
                                             until_timeout_s=60))
         while not state.sessions:  # type: ignore[attr-defined]
@@ -165,6 +176,7 @@ def test_an_empty_span_is_dropped_with_its_reason(inproc_server: tuple[str, obje
     url, state, loop = inproc_server
 
     async def run() -> object:
+        await slot_free(state)
         client = asyncio.create_task(stream(chat_url(url, events=True), speech[:SAMPLE_RATE],
                                             until=lambda r: bool(r.of_type("span.dropped")), until_timeout_s=60))
         while not state.sessions:  # type: ignore[attr-defined]
