@@ -14,6 +14,7 @@ import torch
 from benchmarks.report import add_max_span_flag, machine_info, save_json
 from benchmarks.span_latency import span_of_frames, summarise
 from frontend_model.batch_engine import BatchEngine
+from frontend_model.chunked_prefill import SpanPrefill
 from frontend_model.codec import BatchFrameCodec
 from frontend_model.engine import GREEDY, device_sync, time_call
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
@@ -23,7 +24,8 @@ from server.settings import ServerSettings
 WARM_TICKS = 5
 
 
-def measure(model: LoadedModel, slots: int, ticks: int, span_frames: int, max_span: int) -> list[float]:
+def measure(model: LoadedModel, slots: int, ticks: int, span_frames: int, max_span: int,
+            prefill: SpanPrefill = SpanPrefill.ONE_PASS) -> list[float]:
     sync = device_sync(model.device)
     rng = np.random.default_rng(slots)
     pcm = (0.1 * rng.standard_normal((slots, FRAME_SAMPLES))).astype(np.float32)
@@ -32,7 +34,7 @@ def measure(model: LoadedModel, slots: int, ticks: int, span_frames: int, max_sp
     codec = BatchFrameCodec(model.mimi, slots)
     codec.open()
     try:
-        with BatchEngine(model, slots, GREEDY, max_span_frames=max_span) as engine:
+        with BatchEngine(model, slots, GREEDY, max_span_frames=max_span, prefill=prefill) as engine:
             tick_no = 0
 
             def tick() -> None:
@@ -68,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
                         "down for a while then weighs on every size alike, so their ratios stay fair")
     parser.add_argument("--torch-threads", type=int, default=ServerSettings().torch_threads,
                         help="torch CPU threads, as the server's --torch-threads (default: the server's default)")
+    parser.add_argument("--prefill", choices=[SpanPrefill.ONE_PASS.value, SpanPrefill.CHUNKED.value],
+                        default=SpanPrefill.ONE_PASS.value,
+                        help="write the span in one pass, or in power-of-two chunks on the scratch row (graphed on a "
+                        "GPU)")
     add_max_span_flag(parser)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -81,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {done + 1} of {args.rounds}", file=sys.stderr, flush=True)
         for slots in args.sessions:
             for frames in (0, args.span_frames):
-                measured = measure(model, slots, per_round, frames, args.max_span_frames)
+                measured = measure(model, slots, per_round, frames, args.max_span_frames, SpanPrefill(args.prefill))
                 samples.setdefault((slots, frames), []).extend(measured)
     rows: list[dict[str, Any]] = []
     print(f"{'B':>4} | tick P50 (ms) | tick P99 (ms) | +span({args.span_frames}) P50 | +span P99")
@@ -95,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         row["p50_vs_one_session"] = row["tick"]["p50_ms"] / base if base else None
     save_json(args.json, {"benchmark": "batch", "profile": args.profile, "span_frames": args.span_frames,
+                          "prefill": args.prefill,
                           "max_span_frames": args.max_span_frames,
                           "rounds": args.rounds,
                           "machine": machine_info(str(model.device)), "rows": rows})

@@ -1,8 +1,8 @@
 """`contextspan bench span`: the paper's Table 1 (span prefill + one step per span length n).
 
-Per n: one-pass injection + the next step (mean +- std, P99), the same span columns fed one by one (T=1 each), the
-speed-up of one pass over column-by-column feeding, and the max abs difference of the next-step text logits between
-them.
+Per n: one-pass injection + the next step (mean +- std, P99), the same span in power-of-two chunks on the scratch row
+(graphed on a GPU) + the next step and the max abs difference of its next-step text logits from one pass, and the same
+span columns fed one by one (T=1 each) with the speed-up of one pass over them and their logit difference.
 Also the cost of one whole frame (Mimi encode + LM step + Mimi decode) at batch 1, and for PersonaPlex-family models
 the step with the depformer run for the agent codebooks only (as served) next to all 16 (as the reference runs it).
 """
@@ -21,6 +21,7 @@ from moshi.models.lm import LMGen
 
 from benchmarks.report import add_max_span_flag, machine_info, save_json
 from frontend_model.block import Block
+from frontend_model.chunked_prefill import SpanPrefill, chunk_sizes, power_of_two_chunks
 from frontend_model.codec import FrameCodec
 from frontend_model.engine import GREEDY, Engine, device_sync, time_call
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
@@ -53,11 +54,12 @@ def summarise(samples_s: list[float]) -> dict[str, float]:
     }
 
 
-def measure_one_pass(model: LoadedModel, frames: int, repeats: int, max_span: int) -> list[float]:
+def measure_span(model: LoadedModel, frames: int, repeats: int, max_span: int,
+                 mode: SpanPrefill = SpanPrefill.ONE_PASS) -> list[float]:
     sync = device_sync(model.device)
     user = torch.tensor(model.span.sine_codes)
     block = span_of_frames(model, frames) if frames else None
-    with Engine(model, GREEDY, max_span_frames=max_span) as engine:
+    with Engine(model, GREEDY, max_span_frames=max_span, prefill=mode) as engine:
         for _ in range(WARM_STEPS):
             engine.step(user)
 
@@ -80,13 +82,14 @@ def measure_stepwise(model: LoadedModel, frames: int, repeats: int, max_span: in
         return [time_call(lambda: (engine.inject_stepwise(block), engine.step(user)), sync) for _ in range(repeats)]
 
 
-def next_step_logits(model: LoadedModel, frames: int, one_pass: bool, max_span: int) -> torch.Tensor:
+def next_step_logits(model: LoadedModel, frames: int, mode: SpanPrefill | None, max_span: int) -> torch.Tensor:
+    """The text logits of the step after a span written as `mode` writes it, or column by column when None."""
     user = torch.tensor(model.span.sine_codes)
     block = span_of_frames(model, frames)
-    with Engine(model, GREEDY, max_span_frames=max_span) as engine:
+    with Engine(model, GREEDY, max_span_frames=max_span, prefill=mode or SpanPrefill.ONE_PASS) as engine:
         for _ in range(WARM_STEPS):
             engine.step(user)
-        (engine.inject if one_pass else engine.inject_stepwise)(block)
+        (engine.inject if mode is not None else engine.inject_stepwise)(block)
         engine.step(user)
         assert engine.last_text_logits is not None
         return engine.last_text_logits.float().clone()
@@ -145,14 +148,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     max_span = args.max_span_frames
     rows = []
     for n in frames:
-        one_pass = measure_one_pass(model, n, args.repeats, max_span)
+        one_pass = measure_span(model, n, args.repeats, max_span)
         row: dict[str, Any] = {"frames": n, "span_plus_step": summarise(one_pass)}
+        if n > 0:
+            reference = next_step_logits(model, n, SpanPrefill.ONE_PASS, max_span)
+            row["chunks"] = power_of_two_chunks(n, chunk_sizes(max_span)[0])
+            row["chunked_plus_step"] = summarise(measure_span(model, n, args.repeats, max_span, SpanPrefill.CHUNKED))
+            chunked = next_step_logits(model, n, SpanPrefill.CHUNKED, max_span)
+            row["chunked_max_abs_logit_diff"] = float((chunked - reference).abs().max())
         if n > 0 and args.stepwise:
             stepwise = measure_stepwise(model, n, args.stepwise_repeats, max_span)
             row["stepwise_plus_step"] = summarise(stepwise)
             row["speedup"] = statistics.mean(stepwise) / statistics.mean(one_pass)
-            diff = next_step_logits(model, n, True, max_span) - next_step_logits(model, n, False, max_span)
-            row["max_abs_logit_diff"] = float(diff.abs().max())
+            row["max_abs_logit_diff"] = float((reference - next_step_logits(model, n, None, max_span)).abs().max())
         rows.append(row)
         print_row(row)
     return {
@@ -170,6 +178,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def print_row(row: dict[str, Any]) -> None:
     s = row["span_plus_step"]
     line = f"{row['frames']:>6} | {s['mean_ms']:8.2f} +- {s['std_ms']:6.2f} | {s['p99_ms']:8.2f}"
+    if "chunked_plus_step" in row:
+        c = row["chunked_plus_step"]
+        line += f" | {c['mean_ms']:8.2f} | {c['p99_ms']:8.2f} | {row['chunked_max_abs_logit_diff']:.1e}"
+    else:
+        line += " |" * 3
     if "speedup" in row:
         w = row["stepwise_plus_step"]
         line += f" | {w['mean_ms']:10.1f} | {row['speedup']:7.1f}x | {row['max_abs_logit_diff']:.2e}"
@@ -194,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if max(args.frames) > args.max_span_frames:
         parser.error(f"--frames goes up to {max(args.frames)}, over --max-span-frames {args.max_span_frames}")
-    print("     n | span+step mean +- std (ms) | P99 (ms) | stepwise (ms) | speed-up | max |dlogit|", flush=True)
+    print("     n | span+step mean +- std (ms) | P99 (ms) | chunked mean | chunked P99 | chunked |dlogit| "
+          "| stepwise (ms) | speed-up | max |dlogit|", flush=True)
     result = run(args)
     f = result["frame"]
     print(f"whole frame (encode + step + decode): median {f['p50_ms']:.2f} ms, P99 {f['p99_ms']:.2f} ms")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from frontend_model.block import Block, Prefix
+from frontend_model.chunked_prefill import SpanPrefill
 from frontend_model.engine import (
     DEFAULT_MAX_SPAN_FRAMES,
     FRAME_S,
@@ -65,8 +66,9 @@ class BatchEngine(Engine):
         max_span_frames: int = DEFAULT_MAX_SPAN_FRAMES,
         cost: PrefillCost | None = None,
         frame_budget_s: float = FRAME_S,
+        prefill: SpanPrefill = SpanPrefill.ONE_PASS,
     ) -> None:
-        super().__init__(model, sampling, max_span_frames, cost, frame_budget_s)
+        super().__init__(model, sampling, max_span_frames, cost, frame_budget_s, prefill)
         if slots < 1:
             raise ValueError("a batch needs at least one slot")
         self.slots = slots

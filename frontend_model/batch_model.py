@@ -15,6 +15,7 @@ import torch
 
 from frontend_model.batch_engine import BatchEngine, RowFault
 from frontend_model.block import Block, Prefix
+from frontend_model.chunked_prefill import SpanPrefill
 from frontend_model.codec import BatchFrameCodec
 from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, FRAME_S, SAMPLED, PrefillCost, SamplingConfig
 from frontend_model.graphs import to_host
@@ -37,11 +38,13 @@ class BatchedModel:
         max_span_frames: int = DEFAULT_MAX_SPAN_FRAMES,
         cost: PrefillCost | None = None,
         frame_budget_s: float = FRAME_S,
+        prefill: SpanPrefill = SpanPrefill.ONE_PASS,
     ) -> None:
-        """`cost` and `frame_budget_s` cap a span so that its prefill fits the budget (see Engine)."""
+        """`cost` and `frame_budget_s` cap a span so that its prefill fits the budget, `prefill` says how it is
+        written (see Engine)."""
         self.model = model
         self.slots = slots
-        self.engine = BatchEngine(model, slots, sampling, max_span_frames, cost, frame_budget_s)
+        self.engine = BatchEngine(model, slots, sampling, max_span_frames, cost, frame_budget_s, prefill)
         self.codec = BatchFrameCodec(model.mimi, slots)
         self.frames_stepped = [0] * slots
 

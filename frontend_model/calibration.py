@@ -11,6 +11,7 @@ import torch
 
 from frontend_model.batch_model import BatchedModel
 from frontend_model.block import Block
+from frontend_model.chunked_prefill import SpanPrefill, chunk_sizes
 from frontend_model.engine import (
     DEFAULT_MAX_SPAN_FRAMES,
     GREEDY,
@@ -42,26 +43,29 @@ def filler_block(model: LoadedModel, frames: int) -> Block:
 
 @torch.no_grad()
 def calibrate_prefill(model: LoadedModel, max_frames: int, repeats: int = 3) -> PrefillCost:
-    """Cost of one step and of span(n) + step for power-of-two n, measured on a scratch engine.
+    """Cost of one step, of a one-pass span(n) + step for power-of-two n, and of a chunked span of one chunk of each
+    size + step, measured on a scratch engine, so that the served one writes each span the faster way.
 
     Best of `repeats`, which is robust to a noisy shared machine. Runs while no session holds the model (at
     startup), since an engine owns the model's streaming state.
     """
     sync = device_sync(model.device)
     user = torch.tensor(model.span.sine_codes)
-    with Engine(model, GREEDY, max_span_frames=max_frames) as engine:
+    with Engine(model, GREEDY, max_span_frames=max_frames, prefill=SpanPrefill.CHUNKED) as engine:
         for _ in range(3):
             engine.step(user)
         step = min(time_call(lambda: engine.step(user), sync) for _ in range(repeats * 3))
-        spans: dict[int, float] = {}
-        for n in calibration_sizes(max_frames):
-            block = filler_block(model, n)
+
+        def span_cost(frames: int, mode: SpanPrefill) -> float:
+            engine.prefill_mode = mode
+            block = filler_block(model, frames)
             engine.inject(block)
             engine.step(user)
-            spans[n] = min(
-                time_call(lambda b=block: (engine.inject(b), engine.step(user)), sync) for _ in range(repeats)
-            )
-    return PrefillCost(step_s=step, span_s=spans)
+            return min(time_call(lambda: (engine.inject(block), engine.step(user)), sync) for _ in range(repeats))
+
+        spans = {n: span_cost(n, SpanPrefill.ONE_PASS) for n in calibration_sizes(max_frames)}
+        chunks = {n: span_cost(n, SpanPrefill.CHUNKED) for n in chunk_sizes(max_frames)}
+    return PrefillCost(step_s=step, span_s=spans, chunk_s=chunks)
 
 
 @dataclass(frozen=True)

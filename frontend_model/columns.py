@@ -24,12 +24,15 @@ def embed_columns(lm: LMModel, columns: torch.Tensor) -> torch.Tensor:
     return text if summed is None else summed + text
 
 
-def forward_embeddings(lm: LMModel, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed embeddings [B, T, dim] through the streaming transformer: (transformer out, text logits [B,1,T,card])."""
+def forward_last(lm: LMModel, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed embeddings [B, T, dim] through the streaming transformer: (transformer out, text logits) at the last
+    position, [B, 1, dim] and [B, 1, 1, card], as `forward_text` computes them: all a prefill samples from, so a
+    chunk's graph computes no more."""
     out = lm.transformer(x)
     if lm.out_norm:
         out = lm.out_norm(out)
-    return out, lm.text_linear(out)[:, None]
+    last = out[:, -1:]
+    return last, lm.text_linear(last)[:, None]
 
 
 def delayed_columns(frames: torch.Tensor, delays: Sequence[int], carry: torch.Tensor | None) -> torch.Tensor:

@@ -18,14 +18,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from moshi.models.lm import LMGen
 
 from frontend_model.block import Block, Prefix
-from frontend_model.columns import delayed_columns, embed_columns, forward_embeddings, initial_columns
+from frontend_model.chunked_prefill import ChunkedPrefill, SpanPrefill, power_of_two_chunks
+from frontend_model.columns import delayed_columns, embed_columns, forward_last, initial_columns
 from frontend_model.graphs import replay_graphs
 from frontend_model.kv_ring import wide_rings
 from frontend_model.loading import LoadedModel
@@ -70,21 +71,41 @@ def interpolate(table: dict[int, float], x: int) -> float:
 
 @dataclass(frozen=True)
 class PrefillCost:
-    """Measured cost of one plain step and of a span prefill of n frames plus the next step."""
+    """Measured cost of one plain step, of a one-pass span prefill of n frames plus the next step (`span_s`), and of a
+    chunked prefill of one chunk of each power-of-two size plus the next step (`chunk_s`, empty when not measured).
+
+    A chunked prefill of n frames is predicted as its chunks' costs summed, each without its step: that counts the
+    scratch row's copies once per chunk, which errs on the slow side."""
 
     step_s: float
     span_s: dict[int, float]
+    chunk_s: dict[int, float] = field(default_factory=dict)
 
-    def predict(self, frames: int) -> float:
+    def chunked(self, frames: int) -> float | None:
+        if not self.chunk_s:
+            return None
+        chunks = power_of_two_chunks(frames, max(self.chunk_s))
+        return self.step_s + sum(self.chunk_s[c] - self.step_s for c in chunks)
+
+    def predict(self, frames: int, mode: SpanPrefill = SpanPrefill.FASTER) -> float:
+        """Seconds of a span of `frames` frames and the next step, written as `mode` writes it."""
         if frames <= 0:
             return self.step_s
-        return interpolate(self.span_s, frames)
+        one_pass = interpolate(self.span_s, frames)
+        chunked = self.chunked(frames)
+        if mode is SpanPrefill.ONE_PASS or chunked is None:
+            return one_pass
+        return chunked if mode is SpanPrefill.CHUNKED else min(one_pass, chunked)
 
-    def max_frames(self, budget_s: float, ceiling: int) -> int:
+    def chunked_faster(self, frames: int) -> bool:
+        chunked = self.chunked(frames)
+        return chunked is not None and chunked < self.predict(frames, SpanPrefill.ONE_PASS)
+
+    def max_frames(self, budget_s: float, ceiling: int, mode: SpanPrefill = SpanPrefill.FASTER) -> int:
         """Largest n whose prefill and next step fit the budget (0 if even a one-frame span does not)."""
         best = 0
         for n in range(MIN_SPAN_FRAMES, ceiling + 1):
-            if self.predict(n) > budget_s:
+            if self.predict(n, mode) > budget_s:
                 break
             best = n
         return best
@@ -101,6 +122,8 @@ class Engine:
     """One conversation on one model: `start`, optional `prefill`, then `step` per frame and `inject` spans.
 
     The engine owns the LM's streaming state while started, so one model serves one started engine at a time.
+    `prefill` chooses how spans and prefixes are written (frontend_model/chunked_prefill.py); any mode but ONE_PASS
+    builds the chunk graphs at `start`, and FASTER picks per length by `cost` (one-pass without one).
     """
 
     def __init__(
@@ -110,6 +133,7 @@ class Engine:
         max_span_frames: int = DEFAULT_MAX_SPAN_FRAMES,
         cost: PrefillCost | None = None,
         frame_budget_s: float = FRAME_S,
+        prefill: SpanPrefill = SpanPrefill.ONE_PASS,
     ) -> None:
         if model.lm.dep_q != model.span.agent_codebooks:
             raise ValueError(
@@ -123,7 +147,8 @@ class Engine:
         self.cost = cost
         self.frame_budget_s = frame_budget_s
         # Most frames a span may have so that its prefill and the next step keep the frame slot (fixed per engine).
-        self.span_frame_cap = cost.max_frames(frame_budget_s, max_span_frames) if cost else max_span_frames
+        self.prefill_mode = prefill
+        self.span_frame_cap = cost.max_frames(frame_budget_s, max_span_frames, prefill) if cost else max_span_frames
         self._forbidden = forbidden_ids(model.tokenizer, model.span)
         suppressed = sorted(model.suppressed_text_ids)
         self._suppressed = torch.tensor(suppressed, device=model.device) if suppressed else None
@@ -137,6 +162,7 @@ class Engine:
         self.slots = 1
         self.sampling = sampling
         self.sampler: RowSampler | None = None
+        self.chunked: ChunkedPrefill | None = None
         self.last_text_logits: torch.Tensor | None = None
         self.kv_capacity = 0
         self.steps = 0
@@ -155,6 +181,9 @@ class Engine:
             self._stream = self.lm_gen.streaming(self.slots)
         self.kv_capacity = capacity
         replay_graphs(self.lm_gen)
+        if self._may_chunk():
+            self.chunked = ChunkedPrefill(self.model.lm, self.max_span_frames)
+            self.chunked.capture()
         self.sampler = RowSampler(self.slots, RowSampling.from_config(self.sampling), self.model.device)
         self._started = True
 
@@ -162,6 +191,7 @@ class Engine:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+        self.chunked = None
         self._closed = True
 
     def __enter__(self) -> Engine:
@@ -267,15 +297,33 @@ class Engine:
         """The batch rows a span or prefix is written for: the engine's only one here."""
         return 0, self.slots
 
+    def _may_chunk(self) -> bool:
+        """Whether the chunk graphs are worth building: CHUNKED, or FASTER with chunked costs measured."""
+        if self.prefill_mode is SpanPrefill.CHUNKED:
+            return True
+        return self.prefill_mode is SpanPrefill.FASTER and self.cost is not None and bool(self.cost.chunk_s)
+
+    def _chunks(self, frames: int) -> bool:
+        """Whether a fast prefill of `frames` positions goes in chunks (by the mode, and for FASTER the cost)."""
+        if self.chunked is None or self.prefill_mode is SpanPrefill.ONE_PASS:
+            return False
+        if self.prefill_mode is SpanPrefill.CHUNKED:
+            return True
+        return self.cost is not None and self.cost.chunked_faster(frames)
+
     def _forward(self, x: torch.Tensor, one_pass: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed input embeddings [rows, T, dim] of the forced rows through the temporal transformer."""
+        """Summed input embeddings [rows, T, dim] of the forced rows through the temporal transformer, in one pass
+        or chunks (`one_pass`), else position by position: (out, text logits) at the last position."""
         lo, hi = self._forced_rows()
         lm = self.model.lm
+        if one_pass and self.chunked is not None and self._chunks(x.shape[1]):
+            return self.chunked.forward(x, lo)
         with rows([lm.transformer], lo, hi):
             if one_pass:
-                return forward_embeddings(lm, x)
-            outs = [forward_embeddings(lm, x[:, i : i + 1]) for i in range(x.shape[1])]
-        return torch.cat([o for o, _ in outs], dim=1), torch.cat([t for _, t in outs], dim=2)
+                return forward_last(lm, x)
+            for i in range(x.shape[1]):
+                last = forward_last(lm, x[:, i : i + 1])
+        return last
 
     def _check_length(self, frames: int) -> None:
         if not 0 < frames <= self.max_span_frames:
@@ -315,14 +363,13 @@ class Engine:
         if prefix.embeddings is not None:
             replay = prefix.embeddings.to(device, x.dtype).reshape(1, prefix.replayed, -1).expand(hi - lo, -1, -1)
             x = torch.cat([replay, x], dim=1)
-        out, text_logits = self._forward(x, one_pass)
+        out, logits = self._forward(x, one_pass)
         # What LMGen's step would sample from the last position: the text token and the agent semantic code of the
         # next column; its acoustic rows (agent and user, delay 1) are the last frame's.
-        logits = text_logits[:, :, -1:]
         self._on_text_logits(logits)
         with self._sampler().installed(self._state().exec_mask, lo, hi):
             text = self._sampler().sample(logits, Stream.TEXT)[:, 0, 0]
-            semantic = self.lm_gen.depformer_step(text, out[:, -1:])[:, 0]
+            semantic = self.lm_gen.depformer_step(text, out)[:, 0]
         # The ring as LMGen's step on the last column leaves it: that column, then the next one but for the user
         # rows a step reads from its own input.
         ring = state.cache[lo:hi]

@@ -117,7 +117,8 @@ class DeviceMemory:
     total_bytes: int
     weight_bytes: int
     session_bytes: int
-    sessions_fit: int  # sessions whose state fits USABLE_SHARE of the device beside the weights
+    scratch_bytes: int  # the chunked span prefill's scratch row (frontend_model/chunked_prefill.py), 0 without one
+    sessions_fit: int  # sessions whose state fits USABLE_SHARE of the device beside the weights and the scratch row
 
     def as_dict(self) -> dict[str, int | str]:
         return dict(vars(self))
@@ -128,18 +129,19 @@ def sessions_fit(total: int, weights: int, per_session: int) -> int:
     return max(0, int(total * USABLE_SHARE - weights) // per_session) if per_session > 0 else 0
 
 
-def device_memory(lm: LMModel, mimi: MimiModel, per_session: int) -> DeviceMemory:
-    """What the model and its sessions hold on their device now, and how many sessions that device can hold."""
+def device_memory(lm: LMModel, mimi: MimiModel, per_session: int, scratch: int = 0) -> DeviceMemory:
+    """What the model and its sessions hold on their device now, and how many sessions that device can hold;
+    `scratch` the bytes of the span scratch row, held beside the batch."""
     device = next(lm.parameters()).device
     weights = weight_bytes(lm, mimi)
     if device.type == "cuda":
         in_use = int(torch.cuda.memory_allocated(device))
         reserved = int(torch.cuda.memory_reserved(device))
     else:
-        in_use = reserved = weights + streaming_bytes(lm, mimi)
+        in_use = reserved = weights + streaming_bytes(lm, mimi) + scratch
     total = device_total_bytes(device)
-    return DeviceMemory(str(device), in_use, reserved, total, weights, per_session,
-                        sessions_fit(total, weights, per_session))
+    return DeviceMemory(str(device), in_use, reserved, total, weights, per_session, scratch,
+                        sessions_fit(total, weights + scratch, per_session))
 
 
 def set_device(device: str | torch.device) -> None:

@@ -37,7 +37,8 @@ def block() -> str:
     weights = lm_weights + mimi_weights
     lm_params = sum(p.numel() for p in lm.parameters())
     mimi_params = sum(p.numel() for p in mimi.parameters())
-    fit = sessions_fit(GPU_BYTES, weights, per.total)
+    scratch = per.temporal_kv  # the chunked span prefill's scratch row: one row of temporal KV
+    fit = sessions_fit(GPU_BYTES, weights + scratch, per.total)
     slots = config["context"] + DEFAULT_MAX_SPAN_FRAMES
     return "\n".join([
         BEGIN,
@@ -56,12 +57,14 @@ def block() -> str:
         "",
         f"Weights (counted on the meta device): the LM {lm_params / 1e9:.2f} B parameters = {lm_weights / GIB:.2f} GiB "
         f"in bf16, Mimi {mimi_params / 1e6:.1f} M = {mimi_weights / GIB:.2f} GiB in float32; together "
-        f"{weights / GIB:.1f} GiB.",
+        f"{weights / GIB:.1f} GiB. The chunked span prefill's scratch row (`frontend_model/chunked_prefill.py`) holds "
+        f"one more temporal KV ring beside the batch: {scratch / GIB:.2f} GiB.",
         "",
         f"| | per session | sessions on an {GPU} ({GPU_BYTES / GIB:.0f} GiB, {USABLE_SHARE:.0%} usable) |",
         "|---|---|---|",
         f"| one batch over shared weights (what the server does) | {per.total / GIB:.2f} GiB | "
-        f"({USABLE_SHARE} x {GPU_BYTES / GIB:.0f} - {weights / GIB:.1f}) / {per.total / GIB:.2f} = {fit} by memory |",
+        f"({USABLE_SHARE} x {GPU_BYTES / GIB:.0f} - {weights / GIB:.1f} - {scratch / GIB:.2f}) / {per.total / GIB:.2f} "
+        f"= {fit} by memory |",
         END,
     ])
 

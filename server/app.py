@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from starlette.websockets import WebSocketDisconnect
 from frontend_model.batch_engine import RowFault
 from frontend_model.batch_model import BatchedModel
 from frontend_model.calibration import TickCost, calibrate_prefill, calibrate_ticks, tick_sizes
+from frontend_model.chunked_prefill import SpanPrefill
 from frontend_model.engine import no_span_budget_warning
 from frontend_model.loading import LoadedModel, ModelLoadError, default_device, load_model
 from frontend_model.memory import (
@@ -168,15 +170,18 @@ async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWor
     budget_s = settings.deadline_ms / 1e3
     admitted = admit(settings.admission, cost.tick, budget_s, settings.max_sessions, cost.memory_slots)
     span_budget_s = cost.span_budget(budget_s, admitted.slots)
-    batched = BatchedModel(model, admitted.slots, max_span_frames=settings.max_span_frames,
-                           cost=cost.prefill if settings.span_cap == "calibrated" else None,
-                           frame_budget_s=span_budget_s)
+    # A fixed cap is an unbounded budget: spans still go the way calibration measured faster, as the scheduler expects.
+    batched = BatchedModel(model, admitted.slots, max_span_frames=settings.max_span_frames, cost=cost.prefill,
+                           frame_budget_s=span_budget_s if settings.span_cap == "calibrated" else math.inf,
+                           prefill=SpanPrefill.FASTER)
     if batched.engine.span_frame_cap < MIN_SPAN_FRAMES:
         logger.warning(no_span_budget_warning(cost.prefill, span_budget_s))
     await worker.run(batched.start)
     await worker.run(batched.warm_up)
     per_session = session_bytes(model.lm, model.mimi, settings.max_span_frames).total
-    state.memory = await worker.run(lambda: device_memory(model.lm, model.mimi, per_session))
+    chunked = batched.engine.chunked
+    scratch = chunked.scratch.nbytes() if chunked is not None else 0
+    state.memory = await worker.run(lambda: device_memory(model.lm, model.mimi, per_session, scratch))
     batcher = Batcher(batched, worker, cost, admitted, budget_s, settings.span_deadline_s, state.metrics)
     batcher.start()
     state.metrics.session_slots.set(admitted.slots)
@@ -188,7 +193,7 @@ def memory_report(state: ServerState) -> DeviceMemory | None:
     since the weights and the preallocated streaming state do not change while serving."""
     model, memory = state.model, state.memory
     if model is not None and memory is not None and model.device.type == "cuda":
-        state.memory = memory = device_memory(model.lm, model.mimi, memory.session_bytes)
+        state.memory = memory = device_memory(model.lm, model.mimi, memory.session_bytes, memory.scratch_bytes)
     return memory
 
 

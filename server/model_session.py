@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from frontend_model.block import Block, Prefix
+from frontend_model.chunked_prefill import SpanPrefill
 from frontend_model.codec import FrameCodec
 from frontend_model.engine import DEFAULT_MAX_SPAN_FRAMES, Engine, PrefillCost
 from frontend_model.loading import LoadedModel
@@ -93,7 +94,8 @@ class ModelSession:
         self.model = model
         self.span_deadline_s = span_deadline_s
         self.codec = FrameCodec(model.mimi)
-        self.engine = Engine(model, cost=cost, frame_budget_s=frame_budget_s, max_span_frames=max_span_frames)
+        self.engine = Engine(model, cost=cost, frame_budget_s=frame_budget_s, max_span_frames=max_span_frames,
+                             prefill=SpanPrefill.FASTER)
 
     def open(self, prefix: Prefix | None) -> float:
         """Start the streams and prefill the persona; returns the prefill time in seconds."""

@@ -26,6 +26,7 @@ import frontend_model.batch_engine
 import frontend_model.batch_model
 from frontend_model.batch_model import BatchedModel
 from frontend_model.block import Prefix
+from frontend_model.chunked_prefill import SpanPrefill
 from frontend_model.engine import GREEDY, Engine
 from frontend_model.graphs import REPLAY_ENV, ReplayedGraph
 from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
@@ -203,6 +204,23 @@ def test_a_tick_syncs_once_and_runs_the_same_ops_whichever_rows_are_active(
         assert audit.unsanctioned_syncs() == [], f"{name}: host syncs outside the tick's one transfer"
         assert audit.transfers == 1, f"{name}: {audit.transfers} device -> host transfers, want one per tick"
         assert audit.ops() == reference.ops(), f"{name}: the op sequence depends on which rows are active"
+
+
+def test_a_chunked_span_syncs_nowhere_inside_its_graphs(
+        model: LoadedModel, monkeypatch: pytest.MonkeyPatch, audited: Callable[[Callable[[], object]], Audit]) -> None:
+    """A span written in power-of-two chunks on the scratch row: every chunk a graphed call, none reading the host."""
+    monkeypatch.setenv(REPLAY_ENV, "1")
+    together = BatchedModel(model, SLOTS, GREEDY, max_span_frames=MAX_SPAN, prefill=SpanPrefill.CHUNKED)
+    together.start()
+    try:
+        for slot in range(SLOTS):
+            together.open_slot(slot, None)
+        together.tick(frames(range(SLOTS)))
+        audit = audited(lambda: together.inject(1, span_like_block(together.engine, 11, seed=6)))  # 8 + 2 + 1
+        assert sum(e.in_graph for e in audit.events) > 3 * len(list(model.lm.transformer.layers))
+        assert audit.syncs_in_graphs() == [], "host syncs inside a chunk's graph"
+    finally:
+        together.close()
 
 
 def test_the_audit_sees_a_host_read(replayed: BatchedModel,
