@@ -224,7 +224,8 @@ def test_readyz_and_metrics_report_the_models_memory(tmp_path: Path) -> None:
     # The batch of 2 holds its rings, codec state and the engine's token ring beside the weights, and the span
     # scratch row (one row of temporal KV) when spans may go in chunks.
     scratch = report["scratch_bytes"]
-    assert scratch in (0, session_bytes(served.lm, served.mimi, settings.max_span_frames).temporal_kv)
+    temporal_kv = session_bytes(served.lm, served.mimi, settings.max_span_frames).temporal_kv
+    assert scratch == 0 or temporal_kv <= scratch < temporal_kv + 1024  # the rings and a few per-row counters
     assert weights + scratch + 2 * per_session * 0.97 < report["in_use_bytes"] == report["reserved_bytes"]
     assert report["in_use_bytes"] < weights + scratch + 2 * per_session * 1.03
     assert report["sessions_fit"] == sessions_fit(report["total_bytes"], weights + scratch, per_session) > 2
