@@ -96,7 +96,7 @@ def _scratch_pair(module: StreamingModule) -> _Pair:
 
 class ScratchRow:
     """A batch-1 copy of the streaming states under `root`, at addresses that never change: what the chunk graphs
-    are captured on. `installed(row)` runs its block on a copy of batch row `row` and writes the result back."""
+    are captured on."""
 
     def __init__(self, root: StreamingModule) -> None:
         self.pairs = [_scratch_pair(m) for m in streaming_descendants(root) if m._streaming_state is not None]
@@ -114,29 +114,21 @@ class ScratchRow:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
     @contextmanager
-    def alone(self) -> Iterator[None]:
-        """The scratch states installed as they are, no row copied either way."""
-        states = [pair.module._streaming_state for pair in self.pairs]
-        for pair in self.pairs:
-            pair.module._streaming_state = pair.scratch
-        try:
-            yield
-        finally:
-            for pair, state in zip(self.pairs, states, strict=True):
-                pair.module._streaming_state = state
-
-    @contextmanager
-    def installed(self, row: int) -> Iterator[None]:
+    def installed(self, row: int | None) -> Iterator[None]:
+        """The scratch states in place of the batch's: holding a copy of batch row `row`, written back on the way
+        out, or as they are when `row` is None (graph capture, which leaves garbage every later use overwrites)."""
         states = [pair.module._streaming_state for pair in self.pairs]
         for pair, state in zip(self.pairs, states, strict=True):
-            _copy_row(state, pair.scratch, pair, row, into_scratch=True)
+            if row is not None:
+                _copy_row(state, pair.scratch, pair, row, into_scratch=True)
             pair.module._streaming_state = pair.scratch
         try:
             yield
         finally:
             for pair, state in zip(self.pairs, states, strict=True):
                 pair.module._streaming_state = state
-                _copy_row(state, pair.scratch, pair, row, into_scratch=False)
+                if row is not None:
+                    _copy_row(state, pair.scratch, pair, row, into_scratch=False)
 
 
 def _copy_row(state: Any, scratch: Any, pair: _Pair, row: int, into_scratch: bool) -> None:
@@ -174,9 +166,9 @@ class ChunkedPrefill:
     @torch.no_grad()
     def capture(self) -> None:
         """Warm up and capture every size's graph now, not inside a session's deadline (eager on CPU: only the first
-        calls' lazy initialisation is paid). The scratch row is left holding garbage: every use copies a row in."""
+        calls' lazy initialisation is paid)."""
         param = next(self.lm.parameters())
-        with self.scratch.alone():
+        with self.scratch.installed(None):
             for size in self.sizes:
                 x = torch.zeros(1, size, self.lm.dim, device=param.device, dtype=param.dtype)
                 for _ in range(2):
