@@ -50,8 +50,9 @@ def write_wav(path: Path, pcm: np.ndarray) -> None:
 @pytest.mark.slow
 def test_infer_writes_a_recording_and_span_events(tmp_path: Path) -> None:
     speech = np.concatenate([silence(0.3), speak("What is twelve times seven?", tmp_path / "q.wav")])
-    # 12 s after the question: room for a slow host's Whisper and agent before the input ends.
-    pcm = np.concatenate([speech, silence(12.0)])
+    # 20 s after the question: room for a slow, loaded host's Whisper and agent before the input ends (12 s once
+    # was not).
+    pcm = np.concatenate([speech, silence(20.0)])
     source = tmp_path / "in.wav"
     write_wav(source, pcm)
     ret = len(speech) // FRAME_SAMPLES + 10

@@ -21,7 +21,9 @@ from .servers import start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
-DEADLINE_S = 10.0  # span deadline: the outcome a test checks must not depend on how fast this host runs Whisper
+# Span deadline: the outcome a test checks must not depend on how fast this host runs Whisper (with the host's other
+# core busy and a soak beside it, Whisper and the router once took over 10 s to turn the question into a span).
+DEADLINE_S = 20.0
 
 
 def question_audio(tmp: Path, text: str) -> tuple[np.ndarray, int]:
