@@ -298,18 +298,18 @@ class Engine:
         return 0, self.slots
 
     def _may_chunk(self) -> bool:
-        """Whether the chunk graphs are worth building: CHUNKED, or FASTER with chunked costs measured."""
+        """Whether the chunk graphs and the scratch row (a session's KV ring) are worth building: CHUNKED, or FASTER
+        where calibration measured chunks faster for some span length."""
         if self.prefill_mode is SpanPrefill.CHUNKED:
             return True
-        return self.prefill_mode is SpanPrefill.FASTER and self.cost is not None and bool(self.cost.chunk_s)
+        return self.prefill_mode is SpanPrefill.FASTER and any(self._chunks(n)
+                                                               for n in range(1, self.max_span_frames + 1))
 
     def _chunks(self, frames: int) -> bool:
         """Whether a fast prefill of `frames` positions goes in chunks (by the mode, and for FASTER the cost)."""
-        if self.chunked is None or self.prefill_mode is SpanPrefill.ONE_PASS:
-            return False
         if self.prefill_mode is SpanPrefill.CHUNKED:
             return True
-        return self.cost is not None and self.cost.chunked_faster(frames)
+        return self.prefill_mode is SpanPrefill.FASTER and self.cost is not None and self.cost.chunked_faster(frames)
 
     def _forward(self, x: torch.Tensor, one_pass: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed input embeddings [rows, T, dim] of the forced rows through the temporal transformer, in one pass

@@ -58,7 +58,8 @@ def block() -> str:
         f"Weights (counted on the meta device): the LM {lm_params / 1e9:.2f} B parameters = {lm_weights / GIB:.2f} GiB "
         f"in bf16, Mimi {mimi_params / 1e6:.1f} M = {mimi_weights / GIB:.2f} GiB in float32; together "
         f"{weights / GIB:.1f} GiB. The chunked span prefill's scratch row (`frontend_model/chunked_prefill.py`) holds "
-        f"one more temporal KV ring beside the batch: {scratch / GIB:.2f} GiB.",
+        f"one more temporal KV ring beside the batch where calibration finds chunks faster: {scratch / GIB:.2f} GiB, "
+        "counted here.",
         "",
         f"| | per session | sessions on an {GPU} ({GPU_BYTES / GIB:.0f} GiB, {USABLE_SHARE:.0%} usable) |",
         "|---|---|---|",

@@ -191,6 +191,9 @@ def test_calibration_measures_both_ways_and_the_engine_takes_the_faster(
     assert chunked_calls == [32]
     with Engine(model, GREEDY, max_span_frames=MAX_SPAN, prefill=SpanPrefill.FASTER) as engine:
         assert engine.chunked is None, "no measured chunk costs: nothing to choose, no graphs built"
+    never = PrefillCost(0.010, {1: 0.011, 64: 0.074}, dict.fromkeys(chunk_sizes(MAX_SPAN), 1.0))
+    with Engine(model, GREEDY, max_span_frames=MAX_SPAN, cost=never, prefill=SpanPrefill.FASTER) as engine:
+        assert engine.chunked is None, "chunks never faster: no scratch row held for nothing"
 
 
 def test_the_scratch_row_keeps_its_storage(model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
