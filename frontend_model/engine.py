@@ -122,8 +122,8 @@ class Engine:
     """One conversation on one model: `start`, optional `prefill`, then `step` per frame and `inject` spans.
 
     The engine owns the LM's streaming state while started, so one model serves one started engine at a time.
-    `prefill` chooses how spans and prefixes are written (frontend_model/chunked_prefill.py); any mode but ONE_PASS
-    builds the chunk graphs at `start`, and FASTER picks per length by `cost` (one-pass without one).
+    `prefill` chooses how spans and prefixes are written (frontend_model/chunked_prefill.py): CHUNKED builds the chunk
+    graphs at `start`; FASTER picks per length by `cost` and builds them only if chunks win for some length.
     """
 
     def __init__(
