@@ -13,12 +13,13 @@ import torch
 
 from benchmarks.report import add_max_span_flag, machine_info, save_json
 from benchmarks.span_latency import span_of_frames, summarise
-from frontend_model.batch_engine import BatchEngine
-from frontend_model.chunked_prefill import SpanPrefill
-from frontend_model.codec import BatchFrameCodec
-from frontend_model.engine import GREEDY, device_sync, time_call
-from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
-from frontend_model.profiles import PROFILES
+from frontend_model.engine.batch_engine import BatchEngine
+from frontend_model.engine.chunked_prefill import SpanPrefill
+from frontend_model.engine.codec import BatchFrameCodec
+from frontend_model.engine.engine import GREEDY, device_sync, time_call
+from frontend_model.frame import FRAME_SAMPLES
+from frontend_model.loading.loader import LoadedModel, load_model
+from frontend_model.loading.profiles import PROFILES
 from server.settings import ServerSettings
 
 WARM_TICKS = 5

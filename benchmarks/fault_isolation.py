@@ -10,7 +10,7 @@ that were not closed, frame latency and deadline misses next to what the fault d
 `asr_failed` errors, sessions closed 1011), so the cost of a fault is the difference from the no-fault rows of the
 same run.
 
-The fakes are the test suite's (tests/backend/fake_openai.py, tests/e2e/faulty_server.py): run it from a checkout.
+The fakes are the test suite's (tests/backend_agent/fake_openai.py, tests/e2e/faulty_server.py): run it from a checkout.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import numpy as np
 
 from benchmarks.load_test import CONNECT_S, JOIN_FRAMES
 from benchmarks.report import latency_summary, machine_info, save_json
-from server.client import StreamResult, chat_url, speak, start_server, stop_server, stream
-from server.protocol import FRAME_SAMPLES, SAMPLE_RATE
+from contextspan_client.client import StreamResult, chat_url, speak, start_server, stop_server, stream
+from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 
 QUESTION = "What is the weather like in Paris today?"
 
@@ -87,7 +87,7 @@ async def two_clients(ws: str, pcm: np.ndarray) -> list[StreamResult]:
 
 
 def run_scenario(scenario: Scenario, workdir: Path, pcm: np.ndarray, ret_frame: int) -> dict[str, Any]:
-    from tests.backend.fake_openai import fake_openai
+    from tests.backend_agent.fake_openai import fake_openai
 
     # Both sessions and their spans whatever this host's calibration says: the faults are what is measured.
     flags = ["--profile", "tiny", "--max-sessions", "2", "--admission", "fixed", "--span-cap", "fixed",
@@ -122,7 +122,7 @@ def run_scenario(scenario: Scenario, workdir: Path, pcm: np.ndarray, ret_frame: 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
-        import tests.backend.fake_openai  # noqa: F401
+        import tests.backend_agent.fake_openai  # noqa: F401
     except ImportError:
         raise SystemExit("bench faults uses the test suite's fakes: run it from the repository root") from None
     rows: list[dict[str, Any]] = []

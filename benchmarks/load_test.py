@@ -21,8 +21,8 @@ import numpy as np
 import psutil
 
 from benchmarks.report import latency_summary, machine_info, save_json
-from server.client import StreamResult, chat_url, load_wav, speak, start_server, stop_server, stream
-from server.protocol import FRAME_SAMPLES, SAMPLE_RATE
+from contextspan_client.client import StreamResult, chat_url, load_wav, speak, start_server, stop_server, stream
+from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 
 CONNECT_S = 3.0  # for every client to connect and get through the handshake before the first one streams
 JOIN_FRAMES = 13  # frames between one client's first audio and the next one's

@@ -25,10 +25,11 @@ import httpx
 import numpy as np
 
 from benchmarks.report import machine_info, save_json
-from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, load_model
-from server.backend import Backend
-from server.client import free_port, load_wav
-from server.offline import OfflineSession
+from contextspan_client.client import free_port, load_wav
+from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
+from frontend_model.loading.loader import load_model
+from server.offline.infer import OfflineSession
+from server.session.backend import Backend
 from server.settings import ServerSettings
 
 QUESTIONS = [

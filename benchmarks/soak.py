@@ -27,10 +27,10 @@ import numpy as np
 import psutil
 
 from benchmarks.report import machine_info, percentile, save_json
-from server.client import SessionClosed, StreamResult, chat_url, speak, start_server, stop_server, stream
-from server.protocol import CLOSE_NORMAL, CLOSE_TRY_AGAIN, FRAME_SAMPLES, SAMPLE_RATE
+from contextspan_client.client import SessionClosed, StreamResult, chat_url, speak, start_server, stop_server, stream
+from frontend_model.frame import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
+from server.wire.protocol import CLOSE_NORMAL, CLOSE_TRY_AGAIN
 
-FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 QUESTION = "What is twelve times seven?"
 CLOSING = ("Thank you. This was a soak test of the real time voice agent server, and that is all I wanted to know "
            "for now. Goodbye.")

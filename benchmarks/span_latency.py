@@ -20,13 +20,14 @@ import torch
 from moshi.models.lm import LMGen
 
 from benchmarks.report import add_max_span_flag, machine_info, save_json
-from frontend_model.block import Block
-from frontend_model.chunked_prefill import SpanPrefill, chunk_sizes, power_of_two_chunks
-from frontend_model.codec import FrameCodec
-from frontend_model.engine import GREEDY, Engine, device_sync, time_call
-from frontend_model.loading import FRAME_SAMPLES, LoadedModel, load_model
-from frontend_model.profiles import PROFILES
-from frontend_model.span_block import forbidden_ids, frames_block, placeholder_rows, tokenize_data_text
+from frontend_model.engine.chunked_prefill import SpanPrefill, chunk_sizes, power_of_two_chunks
+from frontend_model.engine.codec import FrameCodec
+from frontend_model.engine.engine import GREEDY, Engine, device_sync, time_call
+from frontend_model.frame import FRAME_SAMPLES
+from frontend_model.loading.loader import LoadedModel, load_model
+from frontend_model.loading.profiles import PROFILES
+from frontend_model.span.block import Block
+from frontend_model.span.build import forbidden_ids, frames_block, placeholder_rows, tokenize_data_text
 
 SPAN_TEXT = (
     "According to the knowledge base, the museum opens every day except Tuesday from nine in the morning until "

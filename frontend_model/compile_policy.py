@@ -1,4 +1,5 @@
-"""One torch.compile policy for every entry point: the CLI, `python -m benchmarks...`, uvicorn on server.app, tests.
+"""One torch.compile policy for every entry point: the CLI, `python -m benchmarks...`, uvicorn on server.app.routes,
+tests.
 
 moshi wraps its hot functions (RoPE, gating, attention helpers) in `torch_compile_lazy`, which compiles them on first
 call unless NO_TORCH_COMPILE is set when moshi's modules are imported. Compiled, they recompile for every new

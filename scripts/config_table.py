@@ -1,7 +1,7 @@
 """Print the configuration table of docs/configuration.md from `ServerSettings`, or rewrite it there (--write).
 
 Reads the settings model itself, not the CLI parser, so the table stays right whatever builds the flags.
-tests/test_docs_in_step.py fails when the committed table differs from this output.
+tests/docs/test_docs_in_step.py fails when the committed table differs from this output.
 """
 
 from __future__ import annotations

@@ -32,9 +32,10 @@ TARGETS_MS = {  # random 7B, bf16
     "span600_step_p99": 40.0,  # a 600-frame span and the next step
     "tick64_span256_p99": 70.0,  # a tick of 64 sessions with a 256-frame span injected
 }
-ENGINE_TESTS = ["tests/test_engine_equivalence.py", "tests/test_batch_engine.py", "tests/test_batch_model.py",
-                "tests/test_batch_codec.py"]
-BF16_TESTS = ["tests/test_bf16_tolerance.py"]
+ENGINE_TESTS = ["tests/frontend_model/test_engine_equivalence.py", "tests/frontend_model/test_batch_engine.py",
+                "tests/frontend_model/test_batch_model.py",
+                "tests/frontend_model/test_batch_codec.py"]
+BF16_TESTS = ["tests/frontend_model/test_bf16_tolerance.py"]
 FLOAT32_TOLERANCE = 1e-4
 
 
@@ -61,8 +62,9 @@ class Sizes:
     @staticmethod
     def for_run(dry_run: bool) -> Sizes:
         if dry_run:
-            return Sizes("tiny", ["tests/test_batch_codec.py"], ["-k", "prefill and dep_q8", *BF16_TESTS], "tiny", 11,
-                         "0,11", 2, "1,2", 8, 2, 1, "tiny", 2, 2.0)
+            return Sizes("tiny", ["tests/frontend_model/test_batch_codec.py"],
+                         ["-k", "prefill and dep_q8", *BF16_TESTS], "tiny", 11, "0,11", 2, "1,2", 8, 2, 1,
+                         "tiny", 2, 2.0)
         return Sizes("moshi-7b", ENGINE_TESTS, BF16_TESTS, "tiny,moshi-7b", 64, "0,16,64,256,600", 50,
                      "1,2,4,8,16,32,64", 256, 40, 2, "moshi-7b", 16, 30.0)
 
@@ -276,13 +278,13 @@ def equivalence(args: argparse.Namespace) -> int:
     """Next-step text logits after a span injected in one pass against the same columns fed one by one and against
     the span in graphed power-of-two chunks, and after steps and a span under CUDA graphs against eager, per
     profile. float32 must agree to FLOAT32_TOLERANCE; bf16 to four bf16 steps at the logits' magnitude (as
-    tests/test_bf16_tolerance.py states it)."""
+    tests/frontend_model/test_bf16_tolerance.py states it)."""
     import torch
     from moshi.utils.compile import no_cuda_graph
 
     from benchmarks.span_latency import next_step_logits
-    from frontend_model.chunked_prefill import SpanPrefill
-    from frontend_model.loading import load_model
+    from frontend_model.engine.chunked_prefill import SpanPrefill
+    from frontend_model.loading.loader import load_model
     from server.settings import ServerSettings
 
     max_span = ServerSettings().max_span_frames  # the rings as served

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from server.json_logging import configure_logging
+from server.ops.json_logging import configure_logging
 from server.settings import ServerSettings
 
 
@@ -52,9 +52,9 @@ BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
 
 
 def serve(settings: ServerSettings) -> int:
-    from server.app import create_app
-    from server.auth import public_bind_problem
-    from server.draining import DrainingServer
+    from server.app.draining import DrainingServer
+    from server.app.routes import create_app
+    from server.guard.auth import public_bind_problem
 
     configure_logging(settings.log_level, settings.log_json)
     problem = public_bind_problem(settings.host, settings.api_keys, settings.allow_public_without_auth)
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("which", choices=list(BENCHMARKS))
     commands.add_parser("client", help="say an audio file to a server: write the agent's voice, print its events")
     if argv[:1] == ["client"]:  # the client owns its flags, and needs no server settings
-        from server.client import client_main
+        from contextspan_client.client import client_main
 
         return client_main(argv[1:])
     if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] in BENCHMARKS:
@@ -97,12 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = settings_from_args(args)
     if args.command == "ask":
-        from server.ask import ask
+        from server.offline.ask import ask
 
         print(json.dumps(asyncio.run(ask(settings, args.question, args.timezone)), indent=2))
         return 0
     if args.command == "infer":
-        from server.offline import infer
+        from server.offline.infer import infer
 
         ret_frames = {int(f) for f in args.ret_frames.split(",") if f.strip()}
         return infer(settings, args.input, args.out, args.events, ret_frames, args.realtime)

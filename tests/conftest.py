@@ -18,7 +18,7 @@ if os.environ.get("CONTEXTSPAN_TEST_DEVICE", "cpu").startswith("cuda"):
 def compact(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
     """How a batch steps: compact, only the rows from the first to the last with a frame (CPU); whole-batch, every
     row, masked ones too (the CUDA graph path); replay, the whole batch with every graphed call returning persistent
-    outputs, as replayed CUDA graphs do (frontend_model.graphs). True for compact."""
+    outputs, as replayed CUDA graphs do (frontend_model.moshi_internals.graphs). True for compact."""
     if request.param == "replay":
         monkeypatch.setenv("CONTEXTSPAN_REPLAY_OUTPUTS", "1")
     return request.param == "compact"

@@ -24,7 +24,8 @@ class WhisperTranscriber:
         path = model or bundled_model_path()
         compute_type = compute_type or ("float16" if device.startswith("cuda") else "int8")
         try:
-            # Imported here, not at the top: a server with --no-asr (and every import of server.backend) must not pay
+            # Imported here, not at the top: a server with --no-asr (and every import of server.session.backend) must
+            # not pay
             # for, or even need, faster-whisper and CTranslate2.
             from faster_whisper import WhisperModel
 

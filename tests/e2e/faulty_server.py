@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from frontend_model.batch_model import BatchedModel
-from server.batcher import Batcher
+from frontend_model.engine.batch_model import BatchedModel
+from server.batching.batcher import Batcher
 from server.cli import main
-from server.frame_clock import InputFrame
+from server.wire.frame_clock import InputFrame
 
 
 def raising_transcribe(audio: np.ndarray) -> str:
@@ -44,7 +44,7 @@ def break_forward(at_frame: int, kind: str) -> None:
     """Patch BatchedModel so that the first session to reach `at_frame` has its row fault inside the batched step
     (tests/engine_helpers.ForwardFault) until its slot is opened again. Calibration and warm-up ticks (no session
     opened) do not arm it."""
-    from tests.engine_helpers import ForwardFault
+    from tests.support.engine import ForwardFault
 
     original_tick, original_open = BatchedModel.tick, BatchedModel.open_slot
     faults: dict[int, ForwardFault] = {}  # id(model) -> its fault
@@ -97,9 +97,9 @@ def install(faults: str) -> None:
         elif name == "slow_prefill":
             Batcher.open = slow_open(float(argument))  # type: ignore[method-assign]
         elif name == "asr_raise":
-            import server.backend
+            import server.session.backend
 
-            server.backend.transcribe = raising_transcribe  # type: ignore[assignment]
+            server.session.backend.transcribe = raising_transcribe  # type: ignore[assignment]
         else:
             raise SystemExit(f"unknown fault {fault!r}")
 

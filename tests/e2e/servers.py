@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from server import client
+from contextspan_client import client
 from server.settings import ServerSettings
 
 if TYPE_CHECKING:
-    from frontend_model.loading import LoadedModel
-    from server.app import ServerState
+    from frontend_model.loading.loader import LoadedModel
+    from server.app.routes import ServerState
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 
@@ -49,8 +49,8 @@ def in_process_server(settings: ServerSettings, model: LoadedModel | None = None
     import torch
     import uvicorn
 
-    from server.app import create_app
-    from server.draining import websocket_config
+    from server.app.draining import websocket_config
+    from server.app.routes import create_app
 
     threads = torch.get_num_threads()  # the server sets its own; later tests in this process get theirs back
     app = create_app(settings, model=model)

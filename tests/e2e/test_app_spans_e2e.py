@@ -11,8 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
-from frontend_model.loading import SAMPLE_RATE, load_model
-from server.client import StreamResult, chat_url, free_port, stream
+from contextspan_client.client import StreamResult, chat_url, free_port, stream
+from frontend_model.frame import SAMPLE_RATE
+from frontend_model.loading.loader import load_model
 from server.settings import ServerSettings
 
 from .servers import InProcessServer, in_process_server

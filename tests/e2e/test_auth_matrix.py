@@ -16,8 +16,8 @@ import pytest
 import websockets
 from websockets.exceptions import InvalidStatus
 
-from server import protocol as p
-from server.client import chat_url, stream
+from contextspan_client.client import chat_url, stream
+from server.wire import protocol as p
 
 from .servers import RunningServer, start_server, stop_server
 

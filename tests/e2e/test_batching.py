@@ -13,12 +13,12 @@ import pytest
 import websockets
 from prometheus_client import Histogram
 
-from frontend_model.calibration import TickCost
-from frontend_model.engine import PrefillCost
-from frontend_model.loading import load_model
-from server import app as app_module
-from server import protocol as p
-from server.client import chat_url, stream
+from contextspan_client.client import chat_url, stream
+from frontend_model.engine.calibration import TickCost
+from frontend_model.engine.engine import PrefillCost
+from frontend_model.loading.loader import load_model
+from server.app import routes as app_module
+from server.wire import protocol as p
 
 from .pace import assert_kept_pace
 from .servers import in_process_server, pinned_settings
@@ -63,7 +63,8 @@ def test_admission_refuses_with_1013_when_the_tick_would_not_fit(tmp_path: Path,
     monkeypatch.setattr(app_module, "calibrate", calibrate)
     settings = pinned_settings(recordings=False, max_sessions=4, asr=False, admission="calibrated",
                                span_cap="calibrated")
-    with caplog.at_level(logging.INFO, logger="server.app"), in_process_server(settings, load_model("tiny")) as server:
+    with (caplog.at_level(logging.INFO, logger="server.app.routes"),
+          in_process_server(settings, load_model("tiny")) as server):
         assert server.state.batcher is not None and server.state.batcher.size == 1
 
         async def run() -> tuple[int | None, str]:

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from server.protocol import SAMPLE_RATE
+from frontend_model.frame import SAMPLE_RATE
 
 from .servers import ARTIFACTS, RunningServer
 

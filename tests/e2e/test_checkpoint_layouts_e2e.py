@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from contextspan_client.client import chat_url, stream
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
-from frontend_model.loading import load_model
-from frontend_model.profiles import Layout
-from frontend_model.tiny_checkpoints import write_tiny_checkpoint
-from server.client import chat_url, stream
+from frontend_model.loading.loader import load_model
+from frontend_model.loading.profiles import Layout
+from frontend_model.loading.tiny_files import write_tiny_checkpoint
 
 from .servers import start_server, stop_server
 

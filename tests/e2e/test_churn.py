@@ -21,9 +21,10 @@ import pytest
 import sphn
 import websockets
 
-from frontend_model.loading import load_model
-from server import protocol as p
-from server.client import chat_url
+from contextspan_client.client import chat_url
+from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
+from frontend_model.loading.loader import load_model
+from server.wire import protocol as p
 
 from .servers import InProcessServer, in_process_server, pinned_settings
 
@@ -56,11 +57,11 @@ async def cycle(server: InProcessServer, pcm: np.ndarray, rng: random.Random) ->
     frames = rng.randint(0, 30)
     wait_s = rng.uniform(0.0, 0.4)
     patient = rng.random() < 0.1
-    writer = sphn.OpusStreamWriter(p.SAMPLE_RATE)
+    writer = sphn.OpusStreamWriter(SAMPLE_RATE)
     seen: list[str] = []
 
     def frame(i: int) -> bytes:
-        return p.audio_message(writer.append_pcm(pcm[i * p.FRAME_SAMPLES:][: p.FRAME_SAMPLES]))
+        return p.audio_message(writer.append_pcm(pcm[i * FRAME_SAMPLES:][: FRAME_SAMPLES]))
 
     async def read(seconds: float) -> None:
         try:
@@ -80,7 +81,7 @@ async def cycle(server: InProcessServer, pcm: np.ndarray, rng: random.Random) ->
         while patient and time.monotonic() < give_up and not any(e.startswith("span.") for e in seen):
             await ws.send(frame(frames))
             frames += 1
-            await read(p.FRAME_SAMPLES / p.SAMPLE_RATE)
+            await read(FRAME_SAMPLES / SAMPLE_RATE)
         await read(wait_s)
     finally:
         if rng.random() < 0.5:

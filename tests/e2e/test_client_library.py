@@ -1,4 +1,5 @@
-"""The public client library (server/client.py) against a real in-process server with token auth on: a token minted
+"""The public client library (contextspan_client/client.py) against a real in-process server with token auth on: a
+token minted
 with the operator key, a spoken file streamed as Opus, typed events back, and each refusal as its typed exception."""
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, load_model
-from server import client
-from server import protocol as p
-from server.client import load_wav
+from contextspan_client import client
+from contextspan_client.client import load_wav
+from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
+from frontend_model.loading.loader import load_model
+from server.wire import protocol as p
 
 from .servers import InProcessServer, in_process_server, pinned_settings
 

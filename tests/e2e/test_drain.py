@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import websockets
 
-from server import protocol as p
-from server.client import StreamResult, chat_url, stream
+from contextspan_client.client import StreamResult, chat_url, stream
+from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
+from server.wire import protocol as p
 
 from .servers import start_server, stop_server
 
@@ -56,7 +57,7 @@ def test_sigterm_drains_within_the_grace_period(tmp_path: Path, speech: np.ndarr
     session_id = result.of_type("session.ready")[0].session_id
     with wave.open(str(server.recordings / f"{session_id}.wav")) as wav:
         seconds = wav.getnframes() / wav.getframerate()
-    streamed = result.frames_sent * p.FRAME_SAMPLES / p.SAMPLE_RATE
+    streamed = result.frames_sent * FRAME_SAMPLES / SAMPLE_RATE
     assert streamed - 0.5 < seconds <= streamed + 0.1, (seconds, streamed)
     lines = [json.loads(line) for line in (server.recordings / f"{session_id}.jsonl").read_text().splitlines()]
     assert [line["type"] for line in lines if line["type"] == "session.ending"] == ["session.ending"]

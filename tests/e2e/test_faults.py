@@ -20,12 +20,12 @@ import httpx
 import numpy as np
 import pytest
 
-from frontend_model.loading import load_model
-from server import protocol as p
-from server.batcher import Batcher
-from server.client import StreamResult, chat_url, stream
-from server.protocol import FRAME_SAMPLES
+from contextspan_client.client import StreamResult, chat_url, stream
+from frontend_model.frame import FRAME_SAMPLES
+from frontend_model.loading.loader import load_model
+from server.batching.batcher import Batcher
 from server.settings import ServerSettings
+from server.wire import protocol as p
 
 from .faulty_server import break_slot_frame
 from .pace import assert_kept_pace

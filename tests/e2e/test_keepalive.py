@@ -23,8 +23,9 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.frames import Frame, Opcode
 
-from server import protocol as p
-from server.client import chat_url, stream
+from contextspan_client.client import chat_url, stream
+from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
+from server.wire import protocol as p
 
 from .servers import RunningServer, start_server, stop_server
 
@@ -117,9 +118,9 @@ async def converse(url: str, connection: type[IdleClosingConnection], early: Seq
             while (message := await asyncio.wait_for(ws.recv(), 60)) != p.handshake():
                 outcome.before_handshake.append(message)
             outcome.handshake_s = time.monotonic() - t0
-            writer = sphn.OpusStreamWriter(p.SAMPLE_RATE)
+            writer = sphn.OpusStreamWriter(SAMPLE_RATE)
             for _ in range(13):
-                await ws.send(p.audio_message(writer.append_pcm(np.zeros(p.FRAME_SAMPLES, np.float32))))
+                await ws.send(p.audio_message(writer.append_pcm(np.zeros(FRAME_SAMPLES, np.float32))))
             while not any(isinstance(m, bytes) and m[:1] == bytes([p.Kind.AUDIO]) for m in outcome.after_handshake):
                 outcome.after_handshake.append(await asyncio.wait_for(ws.recv(), 60))
         except websockets.ConnectionClosed as exc:
@@ -160,7 +161,7 @@ def test_events_client_hears_session_preparing(slow_server: RunningServer) -> No
 def test_messages_sent_before_the_handshake_keep_the_pongs_flowing(slow_server: RunningServer) -> None:
     """uvicorn stops reading a socket while a message waits unread, pongs included: the session reads what comes
     before its handshake, so the pong deadline (3 s here) does not close it, and handles it first once streaming."""
-    page = p.audio_message(sphn.OpusStreamWriter(p.SAMPLE_RATE).append_pcm(np.zeros(p.FRAME_SAMPLES, np.float32)))
+    page = p.audio_message(sphn.OpusStreamWriter(SAMPLE_RATE).append_pcm(np.zeros(FRAME_SAMPLES, np.float32)))
     outcome = asyncio.run(converse(f"{slow_server.ws}/api/chat?events=1", PageConnection, [page, "not json"]))
     assert outcome.close_code is None and not outcome.closed_idle, outcome
     assert outcome.handshake_s is not None and outcome.handshake_s >= PREFILL_DELAY_S, outcome
@@ -195,6 +196,6 @@ def test_web_client_shows_preparing_then_goes_live(slow_server: RunningServer, b
 
 
 def test_python_client_waits_through_session_preparing(slow_server: RunningServer) -> None:
-    result = asyncio.run(stream(chat_url(slow_server.ws, events=True), np.zeros(p.SAMPLE_RATE, np.float32)))
+    result = asyncio.run(stream(chat_url(slow_server.ws, events=True), np.zeros(SAMPLE_RATE, np.float32)))
     assert len(result.of_type("session.preparing")) >= 2 and result.of_type("session.ready"), result.events[:4]
     assert result.audio_messages > 0 and result.close_code in (None, p.CLOSE_NORMAL), result

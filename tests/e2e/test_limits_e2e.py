@@ -13,8 +13,9 @@ import pytest
 import websockets
 from websockets.exceptions import InvalidStatus
 
-from server import protocol as p
-from server.client import chat_url, stream
+from contextspan_client.client import chat_url, stream
+from frontend_model.frame import FRAME_SAMPLES
+from server.wire import protocol as p
 
 from .servers import RunningServer, start_server, stop_server
 
@@ -36,7 +37,7 @@ def test_duration_cap_warns_then_closes_and_keeps_the_recording(limited: Running
     assert len(ending) == 1 and ending[0].reason == "max_duration" and ending[0].in_s == pytest.approx(1.0)
     assert 1.5 < ending[0].t < 2.6, ending[0].t
     assert result.close_code == p.CLOSE_NORMAL and json.loads(result.close_reason)["error"] == "max_duration"
-    assert result.frames_sent < len(speech) // p.FRAME_SAMPLES
+    assert result.frames_sent < len(speech) // FRAME_SAMPLES
     session_id = result.of_type("session.ready")[0].session_id
     wav_path = limited.recordings / f"{session_id}.wav"
     deadline = time.monotonic() + 10

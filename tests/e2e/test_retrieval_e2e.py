@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from backend_agent.tools.numbers import replace_number_words
-from frontend_model.loading import FRAME_SAMPLES
-from server.client import StreamResult, chat_url, stream
-from tests.backend.fake_openai import Script, fake_openai
-from tests.speech import silence, speak
+from contextspan_client.client import StreamResult, chat_url, stream
+from frontend_model.frame import FRAME_SAMPLES
+from tests.backend_agent.fake_openai import Script, fake_openai
+from tests.support.speech import silence, speak
 
 from .pace import assert_kept_pace
 from .servers import start_server, stop_server

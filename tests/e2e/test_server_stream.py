@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE, load_model
-from frontend_model.row_sampling import Stream
-from server import protocol as p
-from server.client import chat_url, stream
+from contextspan_client.client import chat_url, stream
+from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
+from frontend_model.loading.loader import load_model
+from frontend_model.moshi_internals.row_sampling import Stream
+from server.wire import protocol as p
 
 from .servers import RunningServer, in_process_server, pinned_settings
 

@@ -25,15 +25,16 @@ import sphn
 import websockets
 from starlette.websockets import WebSocket
 
-from frontend_model.loading import load_model
-from server import protocol as p
-from server.batcher import Batcher, _Pending
-from server.client import chat_url
-from server.frame_clock import InputFrame
-from server.model_session import FrameOutput, SpanRequest
-from server.recording import SessionRecording
-from server.retrieval import Retrieval
-from server.session import Session
+from contextspan_client.client import chat_url
+from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
+from frontend_model.loading.loader import load_model
+from server.batching.batcher import Batcher, _Pending
+from server.ops.recording import SessionRecording
+from server.session.retrieval import Retrieval
+from server.session.session import Session
+from server.session.spans import FrameOutput, SpanRequest
+from server.wire import protocol as p
+from server.wire.frame_clock import InputFrame
 
 from .faulty_server import break_slot_frame, injected_step_fault
 from .servers import InProcessServer, in_process_server, pinned_settings
@@ -91,7 +92,7 @@ async def session(server: InProcessServer, pcm: np.ndarray, frames: int, span_at
                   abort: bool) -> websockets.ClientConnection:
     """Stream `frames` frames of speech (a span requested once `span_at` have been sent), then leave: without a
     close handshake if `abort`, right after the span request."""
-    writer = sphn.OpusStreamWriter(p.SAMPLE_RATE)
+    writer = sphn.OpusStreamWriter(SAMPLE_RATE)
     ws = await websockets.connect(chat_url(server.ws, events=True), open_timeout=60)
     assert await asyncio.wait_for(ws.recv(), timeout=60) == p.handshake()
     for i in range(frames):
@@ -103,10 +104,10 @@ async def session(server: InProcessServer, pcm: np.ndarray, frames: int, span_at
                 ws.transport.abort()
                 return ws
         try:
-            await ws.send(p.audio_message(writer.append_pcm(pcm[i * p.FRAME_SAMPLES:][: p.FRAME_SAMPLES])))
+            await ws.send(p.audio_message(writer.append_pcm(pcm[i * FRAME_SAMPLES:][: FRAME_SAMPLES])))
         except websockets.ConnectionClosed:  # closed by the server (a fault)
             return ws
-        await asyncio.sleep(p.FRAME_SAMPLES / p.SAMPLE_RATE)
+        await asyncio.sleep(FRAME_SAMPLES / SAMPLE_RATE)
     with contextlib.suppress(TimeoutError, websockets.ConnectionClosed):
         while True:  # the outputs of the frames sent, until the server falls quiet or closes
             await asyncio.wait_for(ws.recv(), timeout=1.0)

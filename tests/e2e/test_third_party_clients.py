@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from frontend_model.loading import FRAME_SAMPLES, SAMPLE_RATE
+from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 
 from .servers import RunningServer
 from .test_server_stream import wait_for_wav

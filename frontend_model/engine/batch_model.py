@@ -1,0 +1,117 @@
+"""The model side of every session on one device: a BatchEngine and a BatchFrameCodec over the same slots.
+
+One tick encodes the user frames of the slots that have one, steps the LM once for the whole batch and decodes the
+agent audio, each with the slots that have nothing to do masked, so a slot's outputs are the ones it would get
+alone. Every method runs on the worker thread that owns the model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from frontend_model.engine.batch_engine import BatchEngine, RowFault
+from frontend_model.engine.chunked_prefill import SpanPrefill
+from frontend_model.engine.codec import BatchFrameCodec
+from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, SAMPLED, PrefillCost, SamplingConfig
+from frontend_model.frame import FRAME_S, FRAME_SAMPLES
+from frontend_model.loading.loader import LoadedModel
+from frontend_model.moshi_internals.graphs import to_host
+from frontend_model.moshi_internals.row_sampling import RowSampling
+from frontend_model.span.block import Block, Prefix
+
+
+@dataclass(frozen=True)
+class SlotOutput:
+    text_token: int | None
+    agent_pcm: np.ndarray | None  # None while the slot's delays fill (its first frame)
+
+
+class BatchedModel:
+    def __init__(
+        self,
+        model: LoadedModel,
+        slots: int,
+        sampling: SamplingConfig = SAMPLED,
+        max_span_frames: int = DEFAULT_MAX_SPAN_FRAMES,
+        cost: PrefillCost | None = None,
+        frame_budget_s: float = FRAME_S,
+        prefill: SpanPrefill = SpanPrefill.ONE_PASS,
+    ) -> None:
+        """`cost` and `frame_budget_s` cap a span so that its prefill fits the budget, `prefill` says how it is
+        written (see Engine)."""
+        self.model = model
+        self.slots = slots
+        self.engine = BatchEngine(model, slots, sampling, max_span_frames, cost, frame_budget_s, prefill)
+        self.codec = BatchFrameCodec(model.mimi, slots)
+        self.frames_stepped = [0] * slots
+
+    def start(self) -> None:
+        self.codec.open()
+        self.engine.start()
+
+    def close(self) -> None:
+        self.engine.close()
+        self.codec.close()
+
+    def warm_up(self, ticks: int = 3) -> None:
+        """First calls pay torch's lazy initialisation: pay it before a client's deadline depends on it. Every
+        slot is reset when a session opens it, so the warm-up leaves nothing behind."""
+        frames = dict.fromkeys(range(self.slots), np.zeros(FRAME_SAMPLES, np.float32))
+        for _ in range(ticks):
+            self.tick(frames)
+
+    def open_slot(self, slot: int, prefix: Prefix | None, sampling: RowSampling | None = None) -> float:
+        """A session takes `slot`: fresh state and its sampling, then its persona prefix; returns the prefill
+        seconds."""
+        self.engine.reset_slot(slot, sampling)
+        self.codec.reset_slot(slot)
+        self.frames_stepped[slot] = 0
+        if prefix is None:
+            return 0.0
+        start = time.perf_counter()
+        self.engine.prefill_slot(slot, prefix)
+        return time.perf_counter() - start
+
+    def inject(self, slot: int, block: Block) -> None:
+        self.engine.inject_slot(slot, block)
+
+    @torch.no_grad()
+    def tick(self, frames: dict[int, np.ndarray]) -> dict[int, SlotOutput | RowFault]:
+        """One frame for each slot in `frames` (slot -> 1920 samples of user PCM), as one batch; a slot whose part
+        of the step failed gets its RowFault (its state is lost), the others their output.
+
+        Encode, step and decode stay on the device; the text tokens, who speaks, whose logits were finite and the
+        agent PCM of every slot come back together in one transfer (a host read per slot would stall the device
+        once per read)."""
+        mask = np.zeros(self.slots, bool)
+        pcm = np.zeros((self.slots, FRAME_SAMPLES), np.float32)
+        for slot, frame in frames.items():
+            mask[slot] = True
+            pcm[slot] = frame
+        active = torch.from_numpy(mask).to(self.model.device)
+        step = self.engine.step_batch(self.codec.encode(pcm, active), active)
+        tokens = step.tokens
+        speaking = active & step.finite & (tokens[:, 0] != self.model.lm.ungenerated_token_id)
+        agent_pcm = self.codec.decode(torch.where(speaking[:, None], tokens[:, 1:], 0), speaking)
+        # Integers travel bit for bit as float32 (token ids < 2**31).
+        flags = torch.stack([tokens[:, 0], speaking.long(), step.finite.long()], dim=1)
+        host = to_host(torch.cat([agent_pcm, flags.to(torch.int32).view(torch.float32)], dim=1))
+        text, spoke, finite = host[:, FRAME_SAMPLES:].view(np.int32).T
+        outputs: dict[int, SlotOutput | RowFault] = {}
+        for slot in frames:
+            if slot in step.raised:
+                outputs[slot] = step.raised[slot]
+                continue
+            if not finite[slot]:
+                outputs[slot] = self.engine.non_finite(slot)
+                continue
+            self.frames_stepped[slot] += 1
+            if spoke[slot]:
+                outputs[slot] = SlotOutput(int(text[slot]), host[slot, :FRAME_SAMPLES].copy())
+            else:
+                outputs[slot] = SlotOutput(None, None)
+        return outputs

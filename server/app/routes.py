@@ -1,0 +1,459 @@
+"""The FastAPI application: WebSocket chat, health, readiness, metrics, recordings and the web client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import FastAPI, HTTPException, Request, WebSocket
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.websockets import WebSocketDisconnect
+
+from frontend_model.engine.batch_engine import RowFault
+from frontend_model.engine.batch_model import BatchedModel
+from frontend_model.engine.calibration import TickCost, calibrate_prefill, calibrate_ticks, tick_sizes
+from frontend_model.engine.chunked_prefill import SpanPrefill
+from frontend_model.engine.device_memory import (
+    DeviceMemory,
+    device_memory,
+    free_bytes,
+    release_model,
+    session_bytes,
+    set_device,
+    weight_bytes,
+)
+from frontend_model.engine.engine import no_span_budget_warning
+from frontend_model.loading.loader import LoadedModel, ModelLoadError, default_device, load_model
+from frontend_model.span.build import MIN_SPAN_FRAMES
+from server.batching.batcher import Batcher
+from server.batching.tick_scheduler import TICK_SHARE, admission_log, admit
+from server.batching.worker import ModelWorker, WorkerRestarted
+from server.guard import auth
+from server.guard.limits import ConnectionsPerAddress
+from server.ops.json_logging import session_id_var
+from server.ops.metrics import Metrics
+from server.ops.recording import recording_path
+from server.session.backend import Backend
+from server.session.persona import PersonaError
+from server.session.session import Session, SessionEnd, SessionOptions
+from server.session.trigger import ResolvedTrigger, resolve_trigger
+from server.settings import ServerSettings
+from server.wire import protocol as p
+
+logger = logging.getLogger(__name__)
+
+WEB_CLIENT_DIR = Path(__file__).resolve().parents[2] / "web_client"
+
+RANDOM_WEIGHTS_BANNER = (
+    "\n" + "!" * 100 + "\n"
+    "!!  RANDOM WEIGHTS: profile {profile} has no trained checkpoint. The server works end to end, but the\n"
+    "!!  agent's audio is NOISE and its text is gibberish. Use a CUDA machine or --profile/--checkpoint.\n"
+    + "!" * 100
+)
+
+
+@dataclass
+class ServerState:
+    settings: ServerSettings
+    metrics: Metrics = field(default_factory=Metrics)
+    model: LoadedModel | None = None
+    batcher: Batcher | None = None
+    worker: ModelWorker | None = None
+    load_error: str | None = None
+    backend: Backend | None = None
+    memory: DeviceMemory | None = None  # the model's device memory when its batch started (memory_report)
+    trigger: ResolvedTrigger | None = None  # resolved for the loaded checkpoint (server/session/trigger.py)
+    sessions: dict[str, Session] = field(default_factory=dict)
+    tokens: auth.TokenIssuer = field(init=False)
+    signer: auth.RecordingSigner = field(default_factory=auth.RecordingSigner)
+    connections: ConnectionsPerAddress = field(init=False)
+    draining: bool = False
+
+    def __post_init__(self) -> None:
+        self.tokens = auth.TokenIssuer(self.settings.token_ttl_s)
+        self.connections = ConnectionsPerAddress(self.settings.max_connections_per_ip)
+
+    def ready(self) -> bool:
+        return self.batcher is not None and self.worker is not None
+
+    async def drain(self, grace_s: float) -> None:
+        """SIGTERM: refuse new sessions, warn the live ones, let them run, close what is left before the grace ends.
+
+        Closing goes through each session's normal teardown, so recordings are complete when this returns.
+        """
+        self.draining = True
+        logger.info("draining %d session(s) within %.1f s", len(self.sessions), grace_s)
+        close_margin = min(1.0, grace_s / 2)
+        for session in list(self.sessions.values()):
+            session.notify_ending("server_shutdown", grace_s - close_margin)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s - close_margin
+        while self.sessions and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for session in list(self.sessions.values()):
+            session.end(p.CLOSE_GOING_AWAY, p.close_reason("server_shutdown", "the server is shutting down"))
+        while self.sessions and loop.time() < deadline + close_margin:
+            await asyncio.sleep(0.02)
+
+
+def model_loader(settings: ServerSettings, profile: str, checkpoint: str | None) -> Callable[[], LoadedModel]:
+    """Loads the served model; runs on a thread of its own, which it first places on the model's CUDA device so that
+    what loading runs there (and a cuda:N model's kernels) do not land on cuda:0."""
+
+    def load() -> LoadedModel:
+        set_device(settings.device or default_device())
+        return load_model(profile, checkpoint, settings.device, None, None, settings.seed)
+
+    return load
+
+
+async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callable[[], LoadedModel] | None:
+    """Load, calibrate and warm up off the event loop, so /healthz answers while a big model loads.
+
+    Returns how to make a fresh model (for the worker watchdog), or None when nothing loaded.
+    """
+    settings = state.settings
+    try:
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
+        profile, checkpoint = settings.resolved_profile(torch.cuda.is_available())
+        if preloaded is not None:
+            profile = preloaded.profile
+        load = model_loader(settings, profile, checkpoint)
+        model = preloaded or await asyncio.to_thread(load)
+        worker = ModelWorker(str(model.device))
+        cost = await calibrate(state, model, worker)
+        state.batcher = await start_batcher(state, model, worker, cost)
+        state.backend = await asyncio.to_thread(Backend.create, settings)
+        await asyncio.to_thread(state.backend.warm_up)
+        trigger = resolve_trigger(settings.trigger, model.layout, settings.force_ret_frame is not None)
+    except ModelLoadError as exc:
+        state.load_error = str(exc)
+        logger.error("model not loaded: %s", exc)
+        return None
+    except Exception as exc:  # CUDA out of memory, a corrupt file...: say so on /readyz and the page
+        state.load_error = f"{type(exc).__name__}: {exc}"
+        logger.exception("model not loaded")
+        return None
+    if model.random_weights:
+        logger.warning(RANDOM_WEIGHTS_BANNER.format(profile=model.profile))
+    batcher = state.batcher
+    logger.info("serving %s on %s: %s", model.description, model.device,
+                admission_log(state.settings.admission, batcher.capacity, cost.tick, state.settings.deadline_ms / 1e3))
+    logger.info("retrieval trigger: %s (%s)", trigger.trigger, trigger.why)
+    if trigger.trigger == "asr" and state.backend.asr_process is None:
+        logger.warning("retrieval trigger asr needs speech recognition, which is off: no retrieval will start")
+    state.model, state.worker, state.trigger = model, worker, trigger
+    return load
+
+
+async def calibrate(state: ServerState, model: LoadedModel, worker: ModelWorker) -> TickCost:
+    """What a span and a tick of each batch size cost on this machine; sizes stop past the tick's share."""
+    max_sessions = state.settings.max_sessions
+    limit_s = state.settings.deadline_ms / 1e3 * TICK_SHARE
+    prefill = await worker.run(lambda: calibrate_prefill(model, state.settings.max_span_frames))
+    ticks = await worker.run(lambda: calibrate_ticks(model, tick_sizes(max_sessions), stop_above_s=limit_s,
+                                                       max_span_frames=state.settings.max_span_frames))
+    return TickCost(ticks.ticks, prefill, ticks.memory_slots)
+
+
+async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWorker, cost: TickCost) -> Batcher:
+    """As many slots as admission allows, in one batched model, warmed up and ticking."""
+    settings = state.settings
+    budget_s = settings.deadline_ms / 1e3
+    admitted = admit(settings.admission, cost.tick, budget_s, settings.max_sessions, cost.memory_slots)
+    span_budget_s = cost.span_budget(budget_s, admitted.slots)
+    # A fixed cap is an unbounded budget: spans still go the way calibration measured faster, as the scheduler expects.
+    batched = BatchedModel(model, admitted.slots, max_span_frames=settings.max_span_frames, cost=cost.prefill,
+                           frame_budget_s=span_budget_s if settings.span_cap == "calibrated" else math.inf,
+                           prefill=SpanPrefill.FASTER)
+    if batched.engine.span_frame_cap < MIN_SPAN_FRAMES:
+        logger.warning(no_span_budget_warning(cost.prefill, span_budget_s))
+    await worker.run(batched.start)
+    await worker.run(batched.warm_up)
+    per_session = session_bytes(model.lm, model.mimi, settings.max_span_frames).total
+    chunked = batched.engine.chunked
+    scratch = chunked.scratch.nbytes() if chunked is not None else 0
+    state.memory = await worker.run(lambda: device_memory(model.lm, model.mimi, per_session, scratch))
+    batcher = Batcher(batched, worker, cost, admitted, budget_s, settings.span_deadline_s, state.metrics)
+    batcher.start()
+    state.metrics.session_slots.set(admitted.slots)
+    return batcher
+
+
+def memory_report(state: ServerState) -> DeviceMemory | None:
+    """Live on CUDA (the allocator's counters cost nothing to read); on CPU the count taken when the batch started,
+    since the weights and the preallocated streaming state do not change while serving."""
+    model, memory = state.model, state.memory
+    if model is not None and memory is not None and model.device.type == "cuda":
+        state.memory = memory = device_memory(model.lm, model.mimi, memory.session_bytes, memory.scratch_bytes)
+    return memory
+
+
+async def watch_worker(state: ServerState, make_model: Callable[[], LoadedModel]) -> None:
+    """Restart a worker stuck in one call for `worker_stall_s`: every session on it would miss every deadline.
+
+    The sessions close with 1011 (their frames never ran), the stuck model is written off (the abandoned thread may
+    still be using it) and a fresh one takes its place with the same calibration, so the server serves again.
+    """
+    stall_s = state.settings.worker_stall_s
+    while True:
+        await asyncio.sleep(min(0.5, stall_s / 4))
+        worker, batcher = state.worker, state.batcher
+        if worker is None or batcher is None:
+            continue
+        busy_s, session_id = worker.busy_for()
+        if busy_s < stall_s:
+            continue
+        logger.error("model worker stuck for %.1f s (last submitted by session %s): restarting it", busy_s,
+                     session_id)
+        state.metrics.worker_restarts.inc()
+        state.batcher = None
+        worker.restart()
+        for session in list(state.sessions.values()):
+            session.end(p.CLOSE_INTERNAL, p.close_reason("worker_restarted", "the model worker stalled"))
+        await batcher.stop(WorkerRestarted("the model worker stalled and was restarted"))
+        memory, state.memory = state.memory, None
+        refusal = await asyncio.to_thread(write_off, batcher.model, memory.session_bytes if memory else 0)
+        if refusal is not None:
+            state.load_error = refusal
+            logger.error("model worker not restarted: %s", refusal)
+            return
+        model = await asyncio.to_thread(make_model)
+        state.batcher = await start_batcher(state, model, worker, batcher.cost)
+        state.model = model
+        logger.info("model worker restarted; %d slot(s) ready again", state.batcher.size)
+
+
+def write_off(batched: BatchedModel, per_session: int) -> str | None:
+    """Free a stuck worker's model before another is loaded; why a reload cannot fit beside what is still held, or
+    None. Emptying its tensors frees them though the stuck thread references the modules; only what a call still
+    running holds (a hung kernel's operands) stays until that call returns, and a GPU that cannot hold a second copy
+    beside it must not try."""
+    model = batched.model
+    need = weight_bytes(model.lm, model.mimi) + batched.slots * per_session
+    release_model(model.lm, model.mimi)
+    batched.close()  # its engine's exit stack still held the streaming states
+    free = free_bytes(model.device)
+    if free >= need:
+        return None
+    return (f"the stuck call still holds memory on {model.device}: {free / 2**30:.2f} GiB free, a reload needs "
+            f"{need / 2**30:.2f} GiB; restart the process")
+
+
+def create_app(settings: ServerSettings | None = None, model: LoadedModel | None = None) -> FastAPI:
+    """`model` lets a caller that already holds a loaded model skip loading (benchmarks, notebooks)."""
+    settings = settings or ServerSettings()
+    state = ServerState(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async def load_and_watch() -> None:
+            make_model = await load_into(state, model)
+            if make_model is not None:
+                await watch_worker(state, make_model)
+
+        loader = asyncio.create_task(load_and_watch())
+        try:
+            yield
+        finally:
+            loader.cancel()
+            if state.batcher is not None:
+                await state.batcher.stop(WorkerRestarted("the server is shutting down"))
+            if state.worker is not None:
+                state.worker.shutdown()
+            if state.backend is not None:
+                await state.backend.aclose()
+
+    app = FastAPI(title="contextspan", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = state
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        info = _info(state)
+        ok = state.ready() and info["free_slots"] > 0 and not state.draining
+        return JSONResponse(info, status_code=200 if ok else 503)
+
+    @app.get("/api/info")
+    async def api_info() -> dict[str, object]:
+        return _info(state)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        state.metrics.sessions_active.set(len(state.sessions))
+        state.metrics.set_memory(memory_report(state))
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/api/token")
+    async def token(request: Request) -> JSONResponse:
+        """Trade an operator API key for a single-use session token that a page or app spends on /api/chat."""
+        if not settings.api_keys:
+            return JSONResponse({"error": "auth_off", "message": "no API keys are configured: /api/chat needs "
+                                 "no token"}, status_code=404)
+        if not auth.api_key_ok(auth.bearer(request.headers), settings.api_keys):
+            return JSONResponse({"error": "bad_api_key", "message": "send Authorization: Bearer <API key>"},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return JSONResponse({"token": state.tokens.issue(), "expires_in": settings.token_ttl_s})
+
+    @app.get("/api/recordings/{name}")
+    async def recording(name: str, request: Request, sig: str | None = None) -> FileResponse:
+        stem, dot, suffix = name.rpartition(".")
+        if settings.api_keys and not (auth.api_key_ok(auth.bearer(request.headers), settings.api_keys)
+                                      or state.signer.verify(stem, sig)):
+            raise HTTPException(401, "recordings need an API key or the signed link from session.ready")
+        path = recording_path(settings.recordings_dir, stem, dot + suffix) if settings.recordings else None
+        if path is None:
+            raise HTTPException(404, "no such recording")
+        return FileResponse(path, filename=path.name)
+
+    @app.websocket("/api/chat")
+    async def chat(ws: WebSocket) -> None:
+        address = ws.client.host if ws.client else "unknown"
+        refusal = admission_refusal(ws, state)
+        if refusal is not None:
+            await deny(ws, state, *refusal)
+            return
+        if not state.connections.enter(address):
+            await deny(ws, state, 429, "too_many_connections",
+                       f"at most {settings.max_connections_per_ip} connections per address")
+            return
+        try:
+            if settings.api_keys:
+                check = state.tokens.redeem(auth.session_token(ws.query_params, ws.headers))
+                if check is not auth.TokenCheck.OK:
+                    await deny(ws, state, 401, f"token_{check.value}", TOKEN_HELP[check])
+                    return
+            await ws.accept(subprotocol=auth.accepted_subprotocol(ws.headers))
+            await serve_session(ws, state)
+        finally:
+            state.connections.leave(address)
+
+    if settings.web_client and WEB_CLIENT_DIR.is_dir():
+        app.mount("/", StaticFiles(directory=WEB_CLIENT_DIR, html=True), name="web_client")
+    return app
+
+
+TOKEN_HELP = {
+    auth.TokenCheck.MISSING: "this server needs a session token from POST /api/token",
+    auth.TokenCheck.UNKNOWN: "unknown or already used session token: each token opens one session",
+    auth.TokenCheck.EXPIRED: "session token expired: get a fresh one from POST /api/token",
+}
+
+
+def admission_refusal(ws: WebSocket, state: ServerState) -> tuple[int, str, str] | None:
+    """(HTTP status, error, message) for an upgrade refused before any token is spent, or None."""
+    if not auth.origin_allowed(ws.headers.get("origin"), ws.headers.get("host"), state.settings.allowed_origins):
+        return 403, "origin_not_allowed", "this origin may not open sessions (see allowed_origins)"
+    return None
+
+
+async def deny(ws: WebSocket, state: ServerState, status: int, error: str, message: str) -> None:
+    """Refuse the upgrade with an HTTP status and a JSON body, which clients can read, unlike a bare 403."""
+    state.metrics.sessions.labels(f"refused_{error}").inc()
+    logger.info("refused a WebSocket from %s: %s", ws.client.host if ws.client else "?", error)
+    await ws.send_denial_response(JSONResponse({"error": error, "message": message}, status_code=status))
+
+
+def _info(state: ServerState) -> dict[str, object]:
+    model = state.model
+    return {
+        "loaded": state.ready(),
+        "load_error": state.load_error,
+        "profile": model.profile if model else None,
+        "description": model.description if model else None,
+        "random_weights": model.random_weights if model else None,
+        "voices": sorted(model.voice_prompts) if model else [],
+        "max_sessions": state.batcher.size if state.batcher else 0,
+        "free_slots": state.batcher.free if state.batcher else 0,
+        "sessions": len(state.sessions),
+        "protocol": p.PROTOCOL_VERSION,
+        "asr": state.backend is not None and state.backend.asr_process is not None,
+        "asr_error": state.backend.asr_error if state.backend else None,
+        "llm": bool(state.backend and state.backend.llm),
+        "mcp_error": state.backend.mcp_error if state.backend else None,
+        "trigger": state.trigger.trigger if state.trigger else state.settings.trigger,
+        "trigger_why": state.trigger.why if state.trigger else None,
+        "app_spans": state.settings.app_spans,
+        "auth": bool(state.settings.api_keys),
+        "draining": state.draining,
+        "memory": memory.as_dict() if (memory := memory_report(state)) else None,
+    }
+
+
+async def serve_session(ws: WebSocket, state: ServerState) -> None:
+    settings, metrics = state.settings, state.metrics
+    if state.draining:
+        metrics.sessions.labels("refused_draining").inc()
+        await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason("draining", "the server is shutting down"))
+        return
+    batcher = state.batcher
+    if not state.ready() or state.model is None or batcher is None:
+        metrics.sessions.labels("refused_loading").inc()
+        reason = state.load_error or "the model is still loading"
+        await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason("not_ready", reason))
+        return
+    try:
+        options = SessionOptions.from_query(dict(ws.query_params), settings.persona)
+    except ValueError as exc:
+        metrics.sessions.labels("rejected").inc()
+        await ws.close(p.CLOSE_POLICY, p.close_reason("bad_sampling", str(exc)))
+        return
+    if len(options.persona) > settings.max_persona_chars:
+        metrics.sessions.labels("rejected").inc()
+        await ws.close(p.CLOSE_POLICY, p.close_reason("bad_persona", f"over {settings.max_persona_chars} chars"))
+        return
+    slot = batcher.acquire()
+    if slot is None:
+        metrics.sessions.labels("refused_capacity").inc()
+        await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason(
+            "at_capacity", f"all {batcher.size} slots busy; {batcher.capacity.reason}"))
+        return
+    session: Session | None = None
+    code, reason = p.CLOSE_NORMAL, ""
+    try:
+        # With API keys set, every session got here with a token: it is authenticated.
+        session = Session(ws, settings, state.model, batcher, slot, metrics, options, state.backend,
+                          ws.query_params.get("user"), state.signer if settings.api_keys else None,
+                          state.trigger.trigger if state.trigger else "ret",
+                          auth.app_spans_allowed(settings.app_spans, authenticated=bool(settings.api_keys)))
+        session_id_var.set(session.id)
+        state.sessions[session.id] = session
+        metrics.sessions.labels("accepted").inc()
+        await session.run()
+    except PersonaError as exc:
+        code, reason = p.CLOSE_POLICY, p.close_reason("bad_persona", str(exc))
+    except SessionEnd as end:
+        code, reason = end.code, end.reason
+    except WorkerRestarted as exc:
+        code, reason = p.CLOSE_INTERNAL, p.close_reason("worker_restarted", str(exc))
+    except RowFault as exc:
+        code, reason = p.CLOSE_INTERNAL, p.close_reason("model_fault", str(exc))
+    except (WebSocketDisconnect, OSError):  # the client left (uvicorn's ClientDisconnected is an OSError)
+        pass
+    except RuntimeError as exc:
+        # Starlette raises RuntimeError for a send on a socket the client already closed.
+        if ws.client_state.name == "CONNECTED" and ws.application_state.name == "CONNECTED":
+            logger.exception("session failed")
+            code, reason = p.CLOSE_INTERNAL, p.close_reason("internal", str(exc))
+    except Exception as exc:
+        logger.exception("session failed")
+        code, reason = p.CLOSE_INTERNAL, p.close_reason("internal", type(exc).__name__)
+    finally:
+        if session is None:
+            batcher.release(slot)
+        else:
+            state.sessions.pop(session.id, None)
+            session.release()
+            await session.close(code, reason)
+            logger.info("session %s closed", session.id)

@@ -1,0 +1,276 @@
+"""Every session's frames go through one batched model: slots, the tick loop, and span scheduling per tick.
+
+Sessions hand their next frame (and the span to inject before it, if any) to `step` and await its output. The
+tick loop, on the event loop, decides with the TickScheduler when to run a tick over the frames waiting and which
+spans fit its budget, and runs it on the model worker. A span that does not fit comes back `deferred` for the
+session's next frame. A failure in one slot's own work (its frame, its span) fails that session only, and so does a
+failure of its row inside the batched step (BatchEngine isolates it: the other sessions get their frames, their
+state untouched). Only a failure no single row explains (the step fails for any rows, the codec fails) fails every
+session in that tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from frontend_model.engine.batch_engine import RowFault
+from frontend_model.engine.batch_model import BatchedModel
+from frontend_model.engine.calibration import TickCost
+from frontend_model.frame import FRAME_S, FRAME_SAMPLES
+from frontend_model.moshi_internals.row_sampling import RowSampling, SamplingConfig
+from frontend_model.span.block import Prefix
+from server.batching.tick_scheduler import Capacity, TickScheduler, Waiting
+from server.batching.worker import ModelWorker
+from server.ops.metrics import Metrics
+from server.session.spans import FrameOutput, SpanOutcome, SpanRequest, inject_span, span_request
+from server.wire.frame_clock import InputFrame
+
+logger = logging.getLogger(__name__)
+
+
+class BadFrame(ValueError):
+    """A frame the model must not see (wrong size, not finite): its session fails, the others go on."""
+
+
+@dataclass
+class _Pending:
+    frame: InputFrame
+    span: SpanRequest | None
+    future: asyncio.Future[FrameOutput]
+
+
+@dataclass(frozen=True)
+class _SlotResult:
+    output: FrameOutput | None
+    error: BaseException | None = None
+
+
+def _report_end(task: asyncio.Task[None]) -> None:
+    """The tick loop only ends when stopped; anything else is a bug that would leave every session waiting."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("the tick loop died", exc_info=task.exception())
+
+
+class Batcher:
+    def __init__(self, model: BatchedModel, worker: ModelWorker, cost: TickCost, capacity: Capacity,
+                 budget_s: float, span_deadline_s: float, metrics: Metrics) -> None:
+        self.model = model
+        self.worker = worker
+        self.cost = cost
+        self.capacity = capacity
+        self.span_deadline_s = span_deadline_s
+        self.metrics = metrics
+        self.scheduler = TickScheduler(budget_s, cost.tick, cost.span, model.slots, model.engine.compact)
+        self._free = list(range(model.slots - 1, -1, -1))
+        self._active: set[int] = set()
+        self._pending: dict[int, _Pending] = {}
+        self._in_flight: dict[int, _Pending] = {}
+        self._deferrals: dict[int, tuple[SpanRequest, int]] = {}  # slot -> its span put off, and how many times
+        self._arrivals: dict[int, float] = {}  # slot -> when its latest frame arrived
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def size(self) -> int:
+        return self.model.slots
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+        self._task.add_done_callback(_report_end)
+
+    async def stop(self, reason: BaseException) -> None:
+        """Stop ticking; every session waiting on a frame gets `reason` raised (its model state is gone)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for pending in [*self._pending.values(), *self._in_flight.values()]:
+            if not pending.future.done():
+                pending.future.set_exception(reason)
+        self._pending.clear()
+        self._in_flight.clear()
+
+    # slots --------------------------------------------------------------------------------------------------
+    def acquire(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The checkpoint's sampling, for the settings a session leaves out."""
+        return self.model.engine.sampling
+
+    async def open(self, slot: int, prefix: Prefix | None, sampling: RowSampling | None = None) -> float:
+        """Fresh state for `slot` with its sampling and its persona prefilled, on the worker between ticks; returns
+        prefill seconds."""
+        prefill_s = await self.worker.run(lambda: self.model.open_slot(slot, prefix, sampling))
+        self._active.add(slot)
+        return prefill_s
+
+    async def set_sampling(self, slot: int, sampling: RowSampling, restart: bool) -> None:
+        """New sampling for `slot` from its next frame on, set on the worker between ticks."""
+        await self.worker.run(lambda: self.model.engine.set_sampling(slot, sampling, restart))
+
+    def release(self, slot: int) -> None:
+        """The session is gone: its slot stops counting for ticks and is free for the next session, whose `open`
+        queues behind any tick in flight on the worker."""
+        self._active.discard(slot)
+        self._deferrals.pop(slot, None)
+        self._arrivals.pop(slot, None)
+        pending = self._pending.pop(slot, None)
+        if pending is not None:
+            pending.future.cancel()
+        self._free.append(slot)
+        self._wake.set()
+
+    def span_request(self, text: str, source: str | None, requested: float | None = None,
+                     question: str | None = None, tool: str | None = None,
+                     timings_ms: dict[str, float] | None = None) -> SpanRequest:
+        return span_request(self.model.engine, text, source, requested, question, tool, timings_ms)
+
+    @property
+    def max_prefix_frames(self) -> int:
+        return self.model.engine.max_span_frames
+
+    # frames -------------------------------------------------------------------------------------------------
+    def until_grid_s(self, slot: int) -> float | None:
+        """Seconds from now to the next moment the other sessions' frames end (the latest of them to have
+        arrived, a frame period on), for `phase_pad`; None while no other session streams."""
+        others = [arrived for other, arrived in self._arrivals.items() if other != slot]
+        if not others:
+            return None
+        return (max(others) - time.perf_counter()) % FRAME_S
+
+    async def step(self, slot: int, frame: InputFrame, span: SpanRequest | None) -> FrameOutput:
+        """The output for `frame`, computed in the next tick that takes it; one frame per slot at a time."""
+        if slot in self._pending:
+            raise RuntimeError(f"slot {slot} already has a frame waiting")
+        self._pending[slot] = _Pending(frame, span, asyncio.get_running_loop().create_future())
+        self._arrivals[slot] = frame.arrived
+        self._wake.set()
+        # No local may hold the future: its error's traceback holds this frame.
+        return await self._pending[slot].future
+
+    async def _loop(self) -> None:
+        while True:
+            waiting = [self._waiting(slot, p) for slot, p in self._pending.items()]
+            wait = self.scheduler.wait_s(time.perf_counter(), waiting, len(self._active))
+            if wait > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), None if math.isinf(wait) else wait)
+                continue
+            await self._run_tick(waiting)
+            # Let the sessions just answered hand in their next frames before the next tick is planned: a session
+            # with a backlog has one ready, and a tick planned without it would run for fewer sessions than it
+            # could, which under load is how a backlog feeds itself.
+            await asyncio.sleep(0)
+
+    async def _run_tick(self, waiting: list[Waiting]) -> None:
+        """One tick over the frames waiting, on the worker, and its outputs delivered. Its own frame, so that what
+        it took (frames, spans, outputs) is not held by the tick loop while the server idles: a session gone must
+        leave nothing behind."""
+        taken, self._pending = self._pending, {}
+        self._in_flight = taken
+        plan = self.scheduler.plan_spans(time.perf_counter(), waiting)
+        if plan.defer:
+            self.metrics.spans_deferred.inc(len(plan.defer))
+        waited = self._count_deferrals(taken, plan.defer)
+        frames = {slot: (p.frame, p.span) for slot, p in taken.items()}
+        try:
+            results = await self.worker.run(lambda f=frames, d=set(plan.defer), w=waited: self._tick(f, d, w))
+        except Exception as exc:  # the batched forward failed, or the worker was restarted under it
+            self._in_flight = {}
+            for pending in taken.values():
+                if not pending.future.done():
+                    pending.future.set_exception(exc)
+            return
+        # Not on cancellation: `stop` answers what was in flight.
+        self._in_flight = {}
+        for slot, pending in taken.items():
+            if pending.future.done():  # released while the tick ran
+                continue
+            result = results[slot]
+            if result.error is not None:
+                pending.future.set_exception(result.error)
+            else:
+                pending.future.set_result(result.output)  # type: ignore[arg-type]
+
+    def _waiting(self, slot: int, pending: _Pending) -> Waiting:
+        span = pending.span
+        if span is None:
+            return Waiting(slot, pending.frame.arrived)
+        frames = span.built.frames if span.built.block is not None else 0
+        return Waiting(slot, pending.frame.arrived, frames, span.requested, self._deferred_ticks(slot, span))
+
+    def _deferred_ticks(self, slot: int, span: SpanRequest) -> int:
+        known = self._deferrals.get(slot)
+        return known[1] if known is not None and known[0] is span else 0
+
+    def _count_deferrals(self, taken: dict[int, _Pending], defer: list[int]) -> dict[int, int]:
+        """Counts this tick's deferrals; returns, for each span going in now, the ticks it was put off."""
+        waited: dict[int, int] = {}
+        for slot, pending in taken.items():
+            if pending.span is None:
+                continue
+            if slot in defer:
+                self._deferrals[slot] = (pending.span, self._deferred_ticks(slot, pending.span) + 1)
+            else:
+                waited[slot] = self._deferred_ticks(slot, pending.span)
+                self._deferrals.pop(slot, None)
+        return waited
+
+    # on the worker thread -----------------------------------------------------------------------------------
+    def _tick(self, frames: dict[int, tuple[InputFrame, SpanRequest | None]], defer: set[int],
+              waited: dict[int, int]) -> dict[int, _SlotResult]:
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        failed: dict[int, _SlotResult] = {}
+        outcomes: dict[int, SpanOutcome | None] = {}
+        pcm: dict[int, np.ndarray] = {}
+        for slot, (frame, span) in frames.items():
+            try:
+                pcm[slot] = self._slot_frame(frame)
+                outcomes[slot] = (self._slot_span(slot, span, waited.get(slot, 0))
+                                  if span is not None and slot not in defer else None)
+            except Exception as exc:
+                logger.exception("slot %d failed before the tick", slot)
+                # Logged with its traceback; handed on without it: the traceback's frames (this one by f_back)
+                # hold the results that hold the error, a cycle that keeps the session until the collector runs.
+                failed[slot] = _SlotResult(None, exc.with_traceback(None))
+        outputs = self.model.tick(pcm) if pcm else {}
+        compute_s = time.perf_counter() - start
+        self.metrics.batch_size.observe(len(pcm))
+        self.metrics.tick_seconds.observe(compute_s)
+        self.metrics.tick_cpu_seconds.observe(time.thread_time() - start_cpu)
+        results = dict(failed)
+        for slot, out in outputs.items():
+            if isinstance(out, RowFault):
+                logger.error("slot %d failed in the batched step: %s", slot, out)
+                results[slot] = _SlotResult(None, out)
+                continue
+            frame, span = frames[slot]
+            deferred = span if slot in defer else None
+            results[slot] = _SlotResult(FrameOutput(frame, out.agent_pcm, out.text_token, compute_s, outcomes[slot],
+                                                    deferred))
+        return results
+
+    def _slot_frame(self, frame: InputFrame) -> np.ndarray:
+        pcm = frame.pcm
+        if pcm.shape != (FRAME_SAMPLES,) or not np.isfinite(pcm).all():
+            raise BadFrame(f"frame {frame.index}: expected {FRAME_SAMPLES} finite samples")
+        return pcm
+
+    def _slot_span(self, slot: int, span: SpanRequest, deferred_ticks: int) -> SpanOutcome:
+        return inject_span(span, self.span_deadline_s, self.model.frames_stepped[slot],
+                           lambda: self.model.engine.slot_offset(slot), lambda block: self.model.inject(slot, block),
+                           deferred_ticks)

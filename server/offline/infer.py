@@ -1,0 +1,168 @@
+"""`contextspan infer`: a WAV through the same engine, ASR and agent at the frame clock, for offline evaluation.
+
+Frames are stepped back to back (faster than real time where the machine allows) or paced at 80 ms with
+`realtime`; the backend runs concurrently in wall time, and an answer is injected at the first frame boundary after
+it arrives, exactly as in a live session. Output: a stereo WAV like a recording (left user, right agent) and the
+events, each stamped with stream time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from frontend_model.engine.calibration import calibrate_prefill
+from frontend_model.engine.engine import no_span_budget_warning
+from frontend_model.frame import FRAME_S, FRAME_SAMPLES
+from frontend_model.loading.loader import LoadedModel
+from frontend_model.span.build import MIN_SPAN_FRAMES
+from server.offline.stack import ModelSession
+from server.ops.recording import StereoWavWriter
+from server.session.backend import Backend
+from server.session.retrieval import SpanAnswer
+from server.session.spans import SpanOutcome, SpanRequest, span_event
+from server.session.trigger import resolve_trigger
+from server.settings import ServerSettings
+from server.wire import protocol as p
+from server.wire.frame_clock import FrameAssembler
+
+logger = logging.getLogger(__name__)
+
+INPUT_ENDED = "input ended before the span could be injected"
+
+
+
+@dataclass
+class OfflineResult:
+    events: list[Any] = field(default_factory=list)
+    frames: int = 0
+    wall_s: float = 0.0
+    spans: list[tuple[SpanOutcome, float]] = field(default_factory=list)  # outcome, answer-ready perf_counter
+
+    @property
+    def realtime_factor(self) -> float:
+        return self.frames * FRAME_S / self.wall_s if self.wall_s else 0.0
+
+
+class OfflineSession:
+    def __init__(self, model: LoadedModel, backend: Backend, settings: ServerSettings,
+                 ret_frames: set[int] | None = None, realtime: bool = False) -> None:
+        self.model = model
+        self.backend = backend
+        self.settings = settings
+        self.ret_frames = ret_frames or set()
+        self.realtime = realtime
+        budget_s = settings.deadline_ms / 1e3
+        cost = calibrate_prefill(model, settings.max_span_frames) if settings.span_cap == "calibrated" else None
+        self.model_session = ModelSession(model, settings.span_deadline_s, cost, budget_s, settings.max_span_frames)
+        if cost is not None and self.model_session.engine.span_frame_cap < MIN_SPAN_FRAMES:
+            logger.warning(no_span_budget_warning(cost, budget_s))
+        self.assembler = FrameAssembler()
+        self.result = OfflineResult()
+        self._span: SpanRequest | None = None
+        self._answered: dict[int, float] = {}
+        self._triggered = 0.0  # time.perf_counter() of the latest retrieval started
+
+    def emit(self, event: Any) -> None:
+        self.result.events.append(event)
+
+    def _on_answer(self, answer: SpanAnswer) -> None:
+        self._span = self.model_session.span_request(answer.text, answer.source, answer.triggered, answer.question,
+                                                     answer.tool, answer.timings_ms)
+        self._answered[id(self._span)] = time.perf_counter()
+
+    async def run(self, pcm: np.ndarray, out_wav: Path | None = None) -> OfflineResult:
+        wav = StereoWavWriter(out_wav) if out_wav else None
+        trigger = resolve_trigger(self.settings.trigger, self.model.layout, forced_ret=bool(self.ret_frames))
+        retrieval = self.backend.retrieval_for("offline", "offline", self._on_answer, self.emit,
+                                               lambda: self.assembler.stream_time, lambda exc: None, trigger.trigger)
+        loop = asyncio.get_running_loop()
+        self.model_session.open(None)
+        start = time.perf_counter()
+        try:
+            for i, frame in enumerate(self.assembler.push(pcm)):
+                if self.realtime:
+                    await asyncio.sleep(max(0.0, start + (i + 1) * FRAME_S - time.perf_counter()))
+                retrieval.feed(frame.pcm)
+                span, self._span = self._span, None
+                out = await loop.run_in_executor(None, self.model_session.step, frame, span)
+                t = (i + 1) * FRAME_S
+                if span is not None and out.span is not None:
+                    self.result.spans.append((out.span, self._answered.pop(id(span))))
+                    self.emit(span_event(out.span, t))
+                token = out.text_token
+                if i in self.ret_frames or (token is not None and token == self.model.span.ret_id):
+                    self.emit(p.Retrieval(t=t, frame=i))
+                    if retrieval.trigger():
+                        self._triggered = time.perf_counter()
+                if token is not None and token not in self.model.span.control_ids and token > 3:
+                    piece = self.model.tokenizer.id_to_piece(token).replace("\u2581", " ")
+                    self.emit(p.AgentText(t=t, text=piece, frame=i))
+                if wav is not None:
+                    agent = out.agent_pcm if out.agent_pcm is not None else np.zeros(FRAME_SAMPLES, np.float32)
+                    wav.write(frame.pcm, agent)
+                self.result.frames += 1
+                await asyncio.sleep(0)
+            self._report_unfinished(retrieval.in_flight)
+        finally:
+            self.result.wall_s = time.perf_counter() - start
+            await retrieval.close()
+            self.model_session.close()
+            if wav is not None:
+                wav.close()
+        return self.result
+
+
+    def _report_unfinished(self, retrieving: bool) -> None:
+        """A retrieval or an answer the input ended before: reported as dropped, so that no `<ret>` goes unanswered
+        in the events (flat-out runs step faster than the backend answers)."""
+        t = self.result.frames * FRAME_S
+        now = time.perf_counter()
+        if self._span is not None:
+            self.emit(p.SpanDropped(t=t, text=self._span.text, source=self._span.source, tool=self._span.tool,
+                                    question=self._span.question, reason=INPUT_ENDED,
+                                    latency_ms=round((now - self._span.requested) * 1e3, 2)))
+        elif retrieving:
+            self.emit(p.SpanDropped(t=t, text="", reason=INPUT_ENDED,
+                                    latency_ms=round((now - self._triggered) * 1e3, 2)))
+
+
+def write_events(path: Path, events: list[Any]) -> None:
+    path.write_text(json.dumps([json.loads(p.encode_event(e)) for e in events], indent=1) + "\n")
+
+
+def infer(settings: ServerSettings, source: Path, out: Path, events: Path | None, ret_frames: set[int],
+          realtime: bool) -> int:
+    import torch
+
+    from contextspan_client.client import load_wav
+    from frontend_model.loading.loader import load_model
+
+    torch.set_num_threads(settings.torch_threads)
+    profile, checkpoint = settings.resolved_profile(torch.cuda.is_available())
+    model = load_model(profile, checkpoint, settings.device, seed=settings.seed)
+    backend = Backend.create(settings)
+    backend.warm_up()
+    pcm = load_wav(str(source))
+
+    async def run() -> OfflineResult:
+        try:
+            return await OfflineSession(model, backend, settings, ret_frames, realtime).run(pcm, out)
+        finally:
+            await backend.aclose()
+
+    result = asyncio.run(run())
+    if events is not None:
+        write_events(events, result.events)
+    injected = sum(1 for e in result.events if e.type == "span.injected")
+    dropped = sum(1 for e in result.events if e.type == "span.dropped")
+    print(f"{result.frames} frames ({result.frames * FRAME_S:.1f} s) in {result.wall_s:.1f} s "
+          f"({result.realtime_factor:.1f}x real time); {injected} span(s) injected, {dropped} dropped; wrote {out}")
+    return 0

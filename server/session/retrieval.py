@@ -1,0 +1,215 @@
+"""The `<ret>` -> span loop of one session: ASR feeds the context store; a trigger picks the question, asks the
+agent and hands the answer to the session for injection at the next frame boundary. Never blocks the frame clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from opentelemetry import trace
+from opentelemetry.trace import StatusCode
+
+from backend_agent.agent import Agent
+from backend_agent.asr.streaming import StreamingASR, Transcript
+from backend_agent.context_store import ContextStore
+from backend_agent.question import is_question
+from backend_agent.tools.base import ToolResult
+from server.session.trigger import Trigger
+from server.wire import protocol as p
+
+logger = logging.getLogger(__name__)
+tracer = trace.get_tracer("contextspan.server")
+LATE_MARGIN_S = 0.25
+
+
+@dataclass(frozen=True)
+class SpanAnswer:
+    """What the session injects, with what the span events report about how it came to be."""
+
+    text: str
+    source: str
+    tool: str
+    question: str
+    triggered: float  # time.perf_counter() of the `<ret>` (or the question, in asr mode)
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RetrievalConfig:
+    deadline_s: float = 2.5
+    question_wait_s: float = 1.0
+    recent_audio_s: float = 10.0
+    fresh_final_s: float = 10.0
+    trigger: Trigger = "ret"  # the model's token, or a question in a final transcript (see server/session/trigger.py)
+    context_turns: int = 12
+    context_chars: int = 2000
+
+
+class Retrieval:
+    """One retrieval in flight at a time; a late, empty or failed answer is reported, never injected."""
+
+    def __init__(
+        self,
+        session_id: str,
+        user_id: str,
+        agent: Agent,
+        store: ContextStore,
+        asr: StreamingASR | None,
+        on_answer: Callable[[SpanAnswer], None],
+        emit: Callable[[Any], None],
+        stream_time: Callable[[], float],
+        config: RetrievalConfig | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.user_id = user_id
+        self.agent = agent
+        self.store = store
+        self.asr = asr
+        self.on_answer = on_answer
+        self.emit = emit
+        self.stream_time = stream_time
+        self.config = config or RetrievalConfig()
+        self._task: asyncio.Task[None] | None = None
+        self._last_question_at = 0.0
+        self._agent_pieces: list[str] = []
+
+    def feed(self, pcm: np.ndarray) -> None:
+        if self.asr is not None:
+            self.asr.feed(pcm)
+
+    def on_transcript(self, transcript: Transcript) -> None:
+        """ASR callback (event loop): report it, remember finals, and in asr mode treat questions as triggers."""
+        self.emit(p.UserTranscript(t=self.stream_time(), text=transcript.text, final=transcript.final,
+                                   start=transcript.start_s, end=transcript.end_s))
+        if not transcript.final:
+            return
+        self._flush_agent_turn()
+        self.store.add_turn(self.user_id, self.session_id, "user", transcript.text)
+        if self.config.trigger == "asr" and is_question(transcript.text):
+            self.trigger()
+
+    def on_agent_text(self, piece: str) -> None:
+        """The model speaks a text piece a frame: pieces gather into one agent turn, stored when the user speaks."""
+        self._agent_pieces.append(piece)
+
+    def _flush_agent_turn(self) -> None:
+        text = "".join(self._agent_pieces).strip()
+        self._agent_pieces.clear()
+        if text:
+            self.store.add_turn(self.user_id, self.session_id, "agent", text)
+
+    @property
+    def in_flight(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def trigger(self) -> bool:
+        """Start a retrieval now; False (and a span-dropped event) if one is already in flight."""
+        triggered = time.perf_counter()
+        if self.in_flight:
+            self.emit(p.SpanDropped(t=self.stream_time(), text="", reason="a retrieval is already in flight",
+                                    latency_ms=0.0))
+            return False
+        self._task = asyncio.get_running_loop().create_task(self._retrieve(triggered), name="retrieval")
+        return True
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        asr, self.asr = self.asr, None  # its transcript callback leads back here: a cycle, once closed
+        if asr is not None:
+            await asr.close()
+        if self.user_id == self.session_id:
+            # Anonymous: nothing can ask for this history again (the session's transcript file keeps it), and a
+            # server that took every anonymous session's turns to the grave grew without bound.
+            self.store.forget_user(self.user_id)
+        else:
+            self._flush_agent_turn()
+
+    async def _retrieve(self, triggered: float) -> None:
+        with tracer.start_as_current_span("retrieval", attributes={"session_id": self.session_id}):
+            await self._retrieve_traced(triggered)
+
+    async def _retrieve_traced(self, triggered: float) -> None:
+        """Bounded by the span deadline as a whole: a slow ASR or LLM ends in a prompt `span.dropped`, not in an
+        answer that arrives (and is dropped) seconds later, or never. The agent times its own calls to the same
+        deadline and names what was slow; the margin lets its reason win."""
+        timings: dict[str, float] = {}
+        deadline_s = self.config.deadline_s
+        try:
+            async with asyncio.timeout(deadline_s + LATE_MARGIN_S - (time.perf_counter() - triggered)):
+                await self._answer(triggered, timings)
+        except TimeoutError:
+            self._dropped(f"late: no answer within {deadline_s:g} s of the request", triggered, timings)
+
+    async def _answer(self, triggered: float, timings: dict[str, float]) -> None:
+        try:
+            started = time.perf_counter()
+            with tracer.start_as_current_span("question"):
+                question, asr_ms = await self._pick_question()
+            timings["question_ms"] = (time.perf_counter() - started) * 1e3
+            if asr_ms:
+                timings["asr_ms"] = asr_ms
+            if not question:
+                self._dropped("no question heard", triggered, timings)
+                return
+            self._last_question_at = time.monotonic()
+            self.emit(p.Question(t=self.stream_time(), text=question))
+            context = self.store.working_context(self.user_id, self.session_id, self.config.context_turns,
+                                                 self.config.context_chars)
+            remaining = self.config.deadline_s - (time.perf_counter() - triggered)
+            if remaining <= 0:
+                raise TimeoutError
+            result = await self.agent.answer(question, context, remaining)
+            timings.update(result.timings_ms)
+            if result.answer is None:
+                self._dropped(result.reason or "no answer", triggered, timings, question)
+                return
+            answer = result.answer
+            self.store.record_tool_result(self.user_id, self.session_id, answer.tool, {"question": question},
+                                          ToolResult(answer.text, answer.source))
+            self.on_answer(SpanAnswer(answer.text, answer.source, answer.tool, question, triggered, timings))
+        except (asyncio.CancelledError, TimeoutError):
+            raise
+        except Exception as exc:  # the backend failing must cost one span, never the session
+            logger.exception("retrieval failed in session %s", self.session_id)
+            self._dropped(f"backend error: {type(exc).__name__}: {exc}", triggered, timings)
+
+    async def _pick_question(self) -> tuple[str, float]:
+        """A fresh final utterance; else wait briefly for the final (of an utterance still going on, or ended and
+        still being transcribed); else transcribe the last seconds heard."""
+        if self.asr is None:
+            return "", 0.0
+        fresh = self._fresh_final()
+        if fresh is None and self.asr.awaiting_final:
+            self.asr.final_event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.asr.final_event.wait(), self.config.question_wait_s)
+            fresh = self._fresh_final()
+        if fresh is not None:
+            return fresh.text, 0.0
+        started = time.perf_counter()
+        text = await self.asr.transcribe_recent(self.config.recent_audio_s)
+        return text, (time.perf_counter() - started) * 1e3
+
+    def _fresh_final(self) -> Transcript | None:
+        final = self.asr.latest_final if self.asr is not None else None
+        if final is None or final.at <= self._last_question_at:
+            return None
+        if time.monotonic() - final.at > self.config.fresh_final_s:
+            return None
+        return final
+
+    def _dropped(self, reason: str, triggered: float, timings: dict[str, float], question: str | None = None) -> None:
+        trace.get_current_span().set_status(StatusCode.ERROR, reason)
+        latency = round((time.perf_counter() - triggered) * 1e3, 2)
+        self.emit(p.SpanDropped(t=self.stream_time(), text="", question=question, reason=reason, latency_ms=latency,
+                                timings_ms=timings))

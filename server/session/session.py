@@ -1,0 +1,554 @@
+"""One WebSocket conversation: connect -> prefix prefill -> handshake -> stream -> close.
+
+The event loop owns I/O, Opus and session state; the model runs in the batcher's ticks on the worker. Four tasks
+run while streaming: the receiver (decode audio, cut frames), the frame loop (one frame at a time into the next
+batched tick, in order), the sender (drains the bounded outbound queue) and the once-a-second stats. Teardown
+returns the slot; a tick in flight finishes before the slot's next session is prefilled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+from opentelemetry import trace
+from starlette.types import Message
+from starlette.websockets import WebSocket, WebSocketState
+
+from backend_agent.context_store import Profile
+from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
+from frontend_model.loading.loader import LoadedModel
+from frontend_model.moshi_internals.row_sampling import RowSampling, SamplingConfig
+from server.batching.batcher import Batcher
+from server.guard.auth import RecordingSigner
+from server.guard.limits import AbuseCounter, RateLimiter
+from server.ops.heap import trim_heap
+from server.ops.metrics import Metrics
+from server.ops.recording import SessionRecording
+from server.session.backend import Backend
+from server.session.persona import build_persona_block
+from server.session.retrieval import Retrieval, SpanAnswer
+from server.session.spans import FrameOutput, SpanOutcome, SpanRequest, span_event
+from server.session.trigger import Trigger
+from server.settings import ServerSettings
+from server.wire import protocol as p
+from server.wire.frame_clock import FrameAssembler, InputFrame, phase_pad
+from server.wire.opus import OpusDecoder, OpusEncoder
+from server.wire.outbound import OutboundQueue, Outgoing
+
+logger = logging.getLogger(__name__)
+tracer = trace.get_tracer("contextspan.server")
+
+_SKIPPED_TEXT_IDS = frozenset(range(4))
+
+
+def new_session_id() -> str:
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
+
+
+class SessionEnd(Exception):
+    """Ends a session with this close code and reason: a limit reached, a drain, a worker restart."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@dataclass
+class SessionOptions:
+    """What the client chose at connect time (query parameters) and later (`session.update`)."""
+
+    events: bool = False
+    persona: str = ""
+    voice: str | None = None
+    profile: p.UserProfile | None = None
+    notes: str | None = None
+    sampling: p.SamplingQuery = field(default_factory=p.SamplingQuery)
+
+    @classmethod
+    def from_query(cls, query: dict[str, str], default_persona: str) -> SessionOptions:
+        """Raises ValueError for sampling parameters out of range, saying which and why."""
+        events = query.get("events", "").lower() in ("1", "true", "json", "yes")
+        persona = query.get("persona", query.get("text_prompt", default_persona))
+        voice = query.get("voice", query.get("voice_prompt")) or None
+        return cls(events=events, persona=persona, voice=voice, sampling=p.SamplingQuery.parse(query))
+
+
+def resolve_sampling(defaults: SamplingConfig, query: p.SamplingQuery) -> RowSampling:
+    """The query's settings over the checkpoint's defaults; a seed not given is drawn, and reported."""
+    return replace(RowSampling.from_config(defaults, query.text_seed, query.audio_seed), **query.chosen())
+
+
+@dataclass
+class _SecondStats:
+    frames_in: int = 0
+    frames_out: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    deadline_misses: int = 0
+
+
+@dataclass
+class _Preparing:
+    """Where a session's preparation stands, for `session.preparing`."""
+
+    started: float
+    stage: Literal["prefix", "prefill"] = "prefix"
+    prefix_frames: int | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    early: list[Message] = field(default_factory=list)  # what the client sent before the handshake
+
+
+class Session:
+    """One client's conversation on one slot of the batched model, from the prefill to the release of the slot."""
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        settings: ServerSettings,
+        model: LoadedModel,
+        batcher: Batcher,
+        slot: int,
+        metrics: Metrics,
+        options: SessionOptions,
+        backend: Backend | None = None,
+        user_id: str | None = None,
+        signer: RecordingSigner | None = None,
+        trigger: Trigger = "ret",
+        app_spans: bool = False,
+    ) -> None:
+        """`trigger` as resolved at load (server/session/trigger.py); `app_spans` whether `span.inject` is accepted."""
+        self.id = new_session_id()
+        self.ws = websocket
+        self.settings = settings
+        self.model = model
+        self.batcher = batcher
+        self.slot = slot
+        self.metrics = metrics
+        self.options = options
+        self.backend = backend
+        self.user_id = user_id or self.id
+        self.retrieval: Retrieval | None = None
+        self.outbound = OutboundQueue(settings.send_queue_frames)
+        self.recording = SessionRecording(settings.recordings_dir, self.id) if settings.recordings else None
+        self.decoder = OpusDecoder()
+        self.encoder = OpusEncoder()
+        self.assembler = FrameAssembler()
+        self._frames: deque[InputFrame] = deque()
+        self._frame_ready = asyncio.Event()
+        self._span: SpanRequest | None = None
+        self.sampling: RowSampling | None = None  # in effect, from the prefill on
+        self._second = _SecondStats()
+        self._audio_messages_sent = 0
+        self.input_dropped = 0
+        self.signer = signer
+        self.trigger = trigger
+        self.app_spans = app_spans
+        self._last_app_span = float("-inf")
+        self.limiter = RateLimiter(settings.max_messages_per_s, 2 * settings.max_messages_per_s)
+        self.abuse = AbuseCounter(settings.max_protocol_errors)
+        self._end_requested = asyncio.Event()
+        self._end = (p.CLOSE_NORMAL, "")  # raised as a fresh SessionEnd: one kept here would hold its traceback
+        self._phase_set = False
+
+    # public API for the backend ----------------------------------------------------------------------------
+    def request_span(self, text: str, source: str | None = None, requested: float | None = None,
+                     question: str | None = None, tool: str | None = None,
+                     timings_ms: dict[str, float] | None = None) -> None:
+        """Inject `text` as a Context Span at the next frame boundary (a newer request replaces a pending one).
+
+        The block is built now and injected in the tick that steps the next frame, or a later one if that tick's
+        budget is full; a `span.injected` or `span.dropped` event reports frames and prefill time.
+        """
+        if self._span is not None:
+            self._emit_span(SpanOutcome(self._span, False, self._span.text, reason="superseded",
+                                        done=time.perf_counter()))
+        self._span = self.batcher.span_request(text, source, requested, question, tool, timings_ms)
+
+    def emit(self, event: p.ServerEvent) -> None:
+        """Record an event in the transcript and, if the client asked for events, send it."""
+        self._record(event)
+        if self.options.events:
+            self.outbound.put(Outgoing("text", p.encode_event(event)))
+
+    def _record(self, event: p.ServerEvent) -> None:
+        if self.recording is not None:
+            self.recording.transcript.write(p.event_record(event, time.time()))
+
+    def notify_ending(self, reason: str, in_s: float) -> None:
+        self.emit(p.SessionEnding(t=self.assembler.stream_time, reason=reason, in_s=round(in_s, 3)))  # type: ignore[arg-type]
+
+    def end(self, code: int, reason: str) -> None:
+        """Ask the running session to close with `code` (from the event loop); teardown runs as for any close."""
+        self._end = (code, reason)
+        self._end_requested.set()
+
+    # lifecycle ---------------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Prefill, handshake, then stream until the client leaves; always ends with everything released."""
+        attributes = {"session_id": self.id, "profile": self.model.profile, "user": self.user_id}
+        with tracer.start_as_current_span("conversation", attributes=attributes):
+            await self._run()
+
+    async def _run(self) -> None:
+        preparing = _Preparing(time.perf_counter())
+        announcer = asyncio.create_task(self._announce_preparing(preparing)) if self.options.events else None
+        holder = asyncio.create_task(self._hold_early_messages(preparing.early))
+        try:
+            # Tokenising and reading a voice file: off the event loop, and off the worker that steps the others.
+            prefix = await asyncio.to_thread(build_persona_block, self.model, self.options.persona,
+                                             self.options.voice, self.batcher.max_prefix_frames)
+            preparing.stage, preparing.prefix_frames = "prefill", prefix.frames if prefix else 0
+            sampling = self.sampling = resolve_sampling(self.batcher.sampling, self.options.sampling)
+            prefill_s = await self.batcher.open(self.slot, prefix, sampling)
+        finally:
+            preparing.done.set()
+            holder.cancel()  # a read cancelled while waiting takes nothing off uvicorn's queue
+            await asyncio.wait([holder])
+            if announcer is not None:
+                await announcer  # it stops between two sends: nothing of an event is cut off by the handshake
+        if not holder.cancelled() and (error := holder.exception()) is not None:
+            raise error
+        await self.ws.send_bytes(p.handshake())
+        logger.info("session %s ready (prefix %d frames, prefill %.1f ms)", self.id,
+                    prefix.frames if prefix else 0, prefill_s * 1e3)
+        self.emit(p.SessionReady(
+            t=0.0, session_id=self.id, profile=self.model.profile, random_weights=self.model.random_weights,
+            description=self.model.description, prefix_frames=prefix.frames if prefix else 0,
+            prefill_ms=round(prefill_s * 1e3, 2), trigger=self.trigger, app_spans=self.app_spans,
+            sampling=p.Sampling(**asdict(sampling)), unsupported=self.options.sampling.unsupported(),
+            recording=self._recording_links() if self.recording else None,
+        ))
+        if self.backend is not None:
+            self.retrieval = self.backend.retrieval_for(
+                self.id, self.user_id, self._on_answer, self.emit, lambda: self.assembler.stream_time,
+                self._on_backend_error, self.trigger)
+        try:
+            error = await self._stream(preparing.early)
+            if error is not None:
+                raise error
+        finally:
+            error = None  # this frame is in the error's traceback: no cycle through the local
+            # Dropped once closed: the retrieval calls back into this session, a cycle only the collector would free.
+            retrieval, self.retrieval = self.retrieval, None
+            if retrieval is not None:
+                await retrieval.close()
+
+    async def _hold_early_messages(self, early: list[Message]) -> None:
+        """Reads what a client sends before the handshake, to be handled first once streaming. Unread, one message
+        stops uvicorn reading the socket, pongs included, and a prefill longer than `keepalive_s` +
+        `keepalive_timeout_s` would close the socket 1011. Past `input_backlog_frames` messages reading stops
+        (the client is held back by TCP, as before)."""
+        while len(early) < self.settings.input_backlog_frames:
+            early.append(message := await self.ws.receive())
+            if message["type"] == "websocket.disconnect":
+                return
+
+    async def _announce_preparing(self, preparing: _Preparing) -> None:
+        """`session.preparing` every `keepalive_s` until the prefix is in, sent directly: the sender task that
+        drains the outbound queue starts with the stream. A quick prefill sends none."""
+        while True:
+            try:
+                await asyncio.wait_for(preparing.done.wait(), self.settings.keepalive_s)
+                return
+            except TimeoutError:
+                pass
+            event = p.SessionPreparing(t=0.0, stage=preparing.stage, prefix_frames=preparing.prefix_frames,
+                                       elapsed_s=round(time.perf_counter() - preparing.started, 2))
+            self._record(event)
+            await self.ws.send_text(p.encode_event(event))
+
+    async def _stream(self, early: list[Message]) -> BaseException | None:
+        """Run the session's tasks until one ends, then stop them all; returns what ended it, if an error did.
+
+        Returned, not raised: the tasks hold the error and this frame holds the tasks, so a raise from here would
+        put the frame in the error's traceback, a cycle that keeps the whole session until the collector runs."""
+        tasks = [asyncio.create_task(self._receive_loop(early)), asyncio.create_task(self._send_loop()),
+                 asyncio.create_task(self._frame_loop()), asyncio.create_task(self._stats_loop()),
+                 asyncio.create_task(self._duration_loop()), asyncio.create_task(self._wait_for_end())]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            if (error := task.exception()) is not None:
+                return error
+        return None
+
+    def _recording_links(self) -> dict[str, str]:
+        query = f"?sig={self.signer.sign(self.id)}" if self.signer is not None else ""
+        return {"wav": f"/api/recordings/{self.id}.wav{query}", "transcript": f"/api/recordings/{self.id}.jsonl{query}"}
+
+    async def _wait_for_end(self) -> None:
+        await self._end_requested.wait()
+        raise SessionEnd(*self._end)
+
+    async def _duration_loop(self) -> None:
+        cap, warning = self.settings.max_session_s, self.settings.session_end_warning_s
+        warn_at = max(0.0, cap - warning)
+        await asyncio.sleep(warn_at)
+        self.notify_ending("max_duration", cap - warn_at)
+        await asyncio.sleep(cap - warn_at)
+        raise SessionEnd(p.CLOSE_NORMAL, p.close_reason("max_duration", f"sessions last at most {cap:g} s"))
+
+    def release(self) -> None:
+        """Return the slot (a tick in flight finishes first on the worker) and finish the recording; never raises."""
+        if self._span is not None:
+            self._emit_span(SpanOutcome(self._span, False, self._span.text, reason="session closed",
+                                        done=time.perf_counter()))
+            self._span = None
+        self._emit_stats()  # the last partial second, for the transcript
+
+        # The recording is finished before the slot is free, so a free slot means nothing of this session is pending.
+        if self.recording is not None:
+            try:
+                self.recording.close()
+            except OSError:
+                logger.exception("session %s: could not finish the recording", self.id)
+        self.batcher.release(self.slot)
+        asyncio.get_running_loop().run_in_executor(None, trim_heap)
+
+    async def close(self, code: int, reason: str = "") -> None:
+        if self.ws.application_state == WebSocketState.CONNECTED:
+            with contextlib.suppress(Exception):
+                await self.ws.close(code, reason)
+
+    # receive -----------------------------------------------------------------------------------------------
+    async def _receive_loop(self, early: list[Message]) -> None:
+        """`early`: the messages read before the handshake, handled first."""
+        for message in early:
+            if not await self._on_message(message):
+                return
+        early.clear()  # up to `input_backlog_frames` messages of up to `max_message_bytes`: not kept all session
+        while await self._on_message(await self.ws.receive()):
+            pass
+
+    async def _on_message(self, message: Message) -> bool:
+        """Handles one ASGI message; False once the client has gone."""
+        if message["type"] == "websocket.disconnect":
+            return False
+        if not self.limiter.allow():
+            self.metrics.protocol_errors.labels("rate_limited").inc()
+            raise SessionEnd(p.CLOSE_POLICY, p.close_reason(
+                "rate_limited", f"over {self.settings.max_messages_per_s:g} messages a second"))
+        data = message.get("bytes")
+        try:
+            if data is not None:
+                self._on_binary(data)
+            elif message.get("text") is not None:
+                await self._on_text(message["text"])
+        except p.ProtocolError as exc:
+            self._protocol_error(exc)
+        return True
+
+    def _on_binary(self, data: bytes) -> None:
+        kind, payload = p.decode_binary(data)
+        if kind != p.Kind.AUDIO:
+            raise p.ProtocolError("unexpected_kind", f"clients may only send audio (0x01), got 0x{kind:02x}")
+        pcm = self.decoder.decode(payload)
+        if pcm.size and not self._phase_set:
+            self._set_phase(pcm.size)
+        for frame in self.assembler.push(pcm):
+            if len(self._frames) >= self.settings.input_backlog_frames:
+                self._frames.popleft()
+                self.input_dropped += 1
+                self.metrics.frames_dropped.labels("input_backlog").inc()
+            self._frames.append(frame)
+            self._second.frames_in += 1
+            if self.retrieval is not None:
+                self.retrieval.feed(frame.pcm)
+        self._frame_ready.set()
+
+    def _set_phase(self, chunk: int) -> None:
+        """On the first audio: silence ahead of it so that this session's frames end with the others' (phase_pad)."""
+        self._phase_set = True
+        until = self.batcher.until_grid_s(self.slot) if self.settings.align_phases else None
+        pad = phase_pad(chunk, until) if until is not None else 0
+        if pad:
+            self.assembler.pad(pad)
+            logger.info("session %s: %.0f ms of silence ahead of its audio, to end frames with the other sessions",
+                        self.id, pad / SAMPLE_RATE * 1e3)
+
+    async def _on_text(self, text: str) -> None:
+        self.options.events = True  # a client that sends text reads text: JSON events (and errors) from now on
+        message = p.parse_client_text(text)
+        if isinstance(message, p.SpanInject):
+            self._inject_app_span(message)
+        else:
+            await self._update(message)
+
+    def _inject_app_span(self, message: p.SpanInject) -> None:
+        """App text becomes a span exactly as a retrieval answer does: same scrubber, cap, deadline and events.
+
+        At most one a frame: one frame boundary injects one span, and building a block (normalising, tokenising)
+        runs on the event loop, which a client sending 100 a second would otherwise keep busy."""
+        if not self.app_spans:
+            raise p.ProtocolError("app_spans_off", "this session does not accept span.inject (the server's "
+                                  "app_spans setting; by default only sessions opened with a token may)")
+        now = time.perf_counter()
+        if now - self._last_app_span < FRAME_SAMPLES / SAMPLE_RATE:
+            raise p.ProtocolError("span_rate_limited", "at most one span.inject a frame (80 ms)")
+        self._last_app_span = now
+        self.request_span(message.text, message.source or "app", tool="app")
+
+    async def _update(self, update: p.SessionUpdate) -> None:
+        if update.persona is not None or update.voice is not None:
+            raise p.ProtocolError(
+                "persona_locked", "persona and voice are prefilled before the handshake: pass them as the "
+                "`persona` and `voice` query parameters of /api/chat")
+        if update.profile is not None:
+            self.options.profile = update.profile
+        if update.notes is not None:
+            self.options.notes = update.notes
+        if self.backend is not None:
+            self._store_profile(self.backend, update)
+        if update.sampling is not None and self.sampling is not None:
+            self.sampling = replace(self.sampling, **update.sampling.chosen())
+            restart = update.sampling.text_seed is not None or update.sampling.audio_seed is not None
+            await self.batcher.set_sampling(self.slot, self.sampling, restart)
+        self.emit(p.SessionUpdated(t=self.assembler.stream_time, profile=self.options.profile,
+                                   notes=self.options.notes,
+                                   sampling=p.Sampling(**asdict(self.sampling)) if self.sampling else None))
+
+    def _protocol_error(self, exc: p.ProtocolError) -> None:
+        """Report a bad message and go on: Moshi clients may send kinds this server does not use (Kyutai's
+        server ignores them too). Only a stream of them closes the socket: that client is broken or hostile."""
+        self.metrics.protocol_errors.labels(exc.code).inc()
+        logger.info("session %s: %s (%s)", self.id, exc, exc.code)
+        self.emit(p.ErrorEvent(t=self.assembler.stream_time, code=exc.code, message=str(exc)))
+        if self.abuse.record():
+            message = f"over {self.abuse.limit} bad messages in {self.abuse.window_s:g} s, last: {exc.code}"
+            raise SessionEnd(p.abuse_close_code(exc.code), p.close_reason("too_many_errors", message))
+
+    # frames ------------------------------------------------------------------------------------------------
+    async def _frame_loop(self) -> None:
+        while True:
+            while not self._frames:
+                self._frame_ready.clear()
+                await self._frame_ready.wait()
+            frame = self._frames.popleft()
+            span, self._span = self._span, None
+            self._on_output(await self.batcher.step(self.slot, frame, span))
+
+    def _on_output(self, out: FrameOutput) -> None:
+        latency = time.perf_counter() - out.frame.arrived
+        self.metrics.step_latency.observe(out.compute_s)
+        self.metrics.frame_latency.observe(latency)
+        second = self._second
+        second.latencies_ms.append(round(latency * 1e3, 2))
+        if latency * 1e3 > self.settings.deadline_ms:
+            second.deadline_misses += 1
+            self.metrics.deadline_misses.inc()
+        t = (out.frame.index + 1) * FRAME_SAMPLES / SAMPLE_RATE
+        if out.span is not None:
+            self._emit_span(out.span)
+        if out.deferred is not None:
+            if self._span is None:
+                self._span = out.deferred
+            else:
+                self._emit_span(SpanOutcome(out.deferred, False, out.deferred.text, reason="superseded",
+                                            done=time.perf_counter()))
+        if out.agent_pcm is not None:
+            ogg = self.encoder.encode(out.agent_pcm)
+            if ogg:
+                # The first page carries the Opus headers: never drop it.
+                kind = "audio" if self._audio_messages_sent else "binary"
+                if not self.outbound.put(Outgoing(kind, p.audio_message(ogg))):
+                    self.metrics.frames_dropped.labels("slow_client").inc()
+                self._audio_messages_sent += 1
+            second.frames_out += 1
+        if out.frame.index == self.settings.force_ret_frame:
+            self._retrieve(out.frame.index, t)
+        if out.text_token is not None:
+            self._on_text_token(out.text_token, out.frame.index, t)
+        if self.recording is not None:
+            agent = out.agent_pcm if out.agent_pcm is not None else np.zeros(FRAME_SAMPLES, np.float32)
+            self.recording.wav.write(out.frame.pcm, agent)
+
+    def _on_text_token(self, token: int, frame: int, t: float) -> None:
+        span = self.model.span
+        if token == span.ret_id:
+            self._retrieve(frame, t)
+            return
+        tokenizer = self.model.tokenizer
+        if token in _SKIPPED_TEXT_IDS or token in span.control_ids or tokenizer.is_byte(token):
+            return
+        piece = tokenizer.id_to_piece(token).replace("\u2581", " ")
+        if not piece:
+            return
+        self.outbound.put(Outgoing("binary", p.text_message(piece)))
+        self.emit(p.AgentText(t=t, text=piece, frame=frame))
+        if self.retrieval is not None:
+            self.retrieval.on_agent_text(piece)
+
+    # retrieval ---------------------------------------------------------------------------------------------
+    def _retrieve(self, frame: int, t: float) -> None:
+        self.emit(p.Retrieval(t=t, frame=frame))
+        if self.retrieval is None:
+            self.emit(p.SpanDropped(t=t, text="", reason="retrieval is off on this server", latency_ms=0.0))
+            return
+        self.retrieval.trigger()
+
+    def _on_answer(self, answer: SpanAnswer) -> None:
+        self.request_span(answer.text, answer.source, answer.triggered, answer.question, answer.tool,
+                          answer.timings_ms)
+
+    def _on_backend_error(self, exc: Exception) -> None:
+        self.emit(p.ErrorEvent(t=self.assembler.stream_time, code="asr_failed", message=f"{type(exc).__name__}: {exc}"))
+
+    def _store_profile(self, backend: Backend, update: p.SessionUpdate) -> None:
+        """Profile and notes go to the context store; the agent is rebuilt for the user's timezone."""
+        store = backend.store
+        if update.profile is not None:
+            known = store.get_profile(self.user_id)
+            changes = {k: v for k, v in update.profile.model_dump().items() if v is not None}
+            try:
+                store.save_profile(Profile.model_validate(known.model_dump() | changes))
+            except ValueError as exc:
+                raise p.ProtocolError("bad_profile", str(exc)) from exc
+        if update.notes:
+            store.add_note(self.user_id, update.notes)
+        if self.retrieval is not None:
+            self.retrieval.agent = backend.agent_for(store.get_profile(self.user_id))
+
+    def _emit_span(self, outcome: SpanOutcome) -> None:
+        event = span_event(outcome, self.assembler.stream_time)
+        self.metrics.span_injections.labels("injected" if outcome.injected else "dropped").inc()
+        if outcome.injected:
+            self.metrics.span_latency.observe(event.latency_ms / 1e3)
+        self.emit(event)
+
+    # send and stats ----------------------------------------------------------------------------------------
+    async def _send_loop(self) -> None:
+        while True:
+            item = await self.outbound.get()
+            if item.kind == "text":
+                await self.ws.send_text(str(item.data))
+            else:
+                await self.ws.send_bytes(bytes(item.data))  # type: ignore[arg-type]
+
+    async def _stats_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self._emit_stats()
+            if self.recording is not None:
+                self.recording.tick()
+
+    def _emit_stats(self) -> None:
+        second, self._second = self._second, _SecondStats()
+        self.emit(p.Stats(
+            t=self.assembler.stream_time, frames_in=second.frames_in, frames_out=second.frames_out,
+            latency_ms=second.latencies_ms, deadline_misses=second.deadline_misses,
+            audio_dropped=self.outbound.audio_dropped, input_dropped=self.input_dropped,
+            send_queue=len(self.outbound),
+        ))
+

@@ -1,0 +1,150 @@
+"""Shared helpers for engine tests: state snapshots and forced blocks."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import torch
+from moshi.models import loaders
+from moshi.models.lm import LMModel
+
+from frontend_model.engine.engine import Engine
+from frontend_model.loading.loader import LoadedModel, load_model
+from frontend_model.loading.profiles import TINY_LM_CONFIG
+from frontend_model.moshi_internals.depformer import run_depformer_for_agent_only
+from frontend_model.moshi_internals.kv_ring import attention_layers
+from frontend_model.span.block import Block
+from frontend_model.span.build import placeholder_rows
+
+FAMILIES = (8, 16)  # depformer steps: Moshi-shaped, PersonaPlex-shaped
+# The engine, batch and codec tests run on CPU; CONTEXTSPAN_TEST_DEVICE=cuda runs them on a GPU (scripts/gpu_check.sh).
+TEST_DEVICE = os.environ.get("CONTEXTSPAN_TEST_DEVICE", "cpu")
+
+
+def tiny_lm(dep_q: int, context: int, dtype: torch.dtype, text_card: int, seed: int = 0) -> LMModel:
+    config = dict(TINY_LM_CONFIG, dep_q=dep_q, text_card=text_card, context=context)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        return loaders.get_moshi_lm(None, lm_kwargs=config, device=TEST_DEVICE, dtype=dtype).eval()
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def tiny_model(dep_q: int = 8, context: int = 3000, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """The tiny profile, or with a PersonaPlex-shaped LM (16 depformer steps) limited to its agent rows."""
+    base = load_model("tiny", device=TEST_DEVICE, dtype=dtype, context=context)
+    if dep_q == base.lm.dep_q:
+        return base
+    lm = tiny_lm(dep_q, context, dtype, base.tokenizer.vocab_size())
+    trained = run_depformer_for_agent_only(lm)
+    return dataclasses.replace(base, profile=f"tiny-dep_q{dep_q}", lm=lm, span=dataclasses.replace(base.span,
+                                                                                                    dep_q=trained))
+
+
+def unlimited(model: LoadedModel) -> LMModel:
+    """A copy of the model's LM with every depformer step it was trained with (the reference runs them all)."""
+    lm = copy.deepcopy(model.lm)
+    lm.dep_q = model.span.dep_q
+    return lm
+
+
+@dataclass
+class Snapshot:
+    ring: torch.Tensor
+    offsets: torch.Tensor
+    offset_cpu: int
+    kv: list[torch.Tensor]
+    kv_end: list[torch.Tensor]
+    attn_offsets: list[torch.Tensor]
+
+
+def snapshot(engine: Engine) -> Snapshot:
+    state = engine.lm_gen._streaming_state
+    layers = attention_layers(engine.model.lm.transformer)
+    return Snapshot(
+        ring=state.cache.clone(),
+        offsets=state.offsets.clone(),
+        offset_cpu=state.offset_cpu,
+        kv=[a._streaming_state.kv_cache.cache.clone() for a in layers],
+        kv_end=[a._streaming_state.kv_cache.end_offset.clone() for a in layers],
+        attn_offsets=[a._streaming_state.offset.clone() for a in layers],
+    )
+
+
+def assert_same_state(a: Snapshot, b: Snapshot, atol: float = 1e-5) -> None:
+    assert torch.equal(a.ring, b.ring), "LMGen token ring differs"
+    assert torch.equal(a.offsets, b.offsets), (a.offsets, b.offsets)
+    assert a.offset_cpu == b.offset_cpu
+    for x, y in zip(a.kv_end, b.kv_end, strict=True):
+        assert torch.equal(x, y), "KV ring end offsets differ"
+    for x, y in zip(a.attn_offsets, b.attn_offsets, strict=True):
+        assert torch.equal(x, y), "attention offsets differ"
+    for x, y in zip(a.kv, b.kv, strict=True):
+        diff = (x - y).abs().max().item()
+        assert diff <= atol, f"KV cache differs by {diff}"
+
+
+def span_like_block(engine: Engine, frames: int, seed: int) -> Block:
+    """A block shaped like a Context Span: random text ids, silence on agent rows, sine on user rows."""
+    g = torch.Generator().manual_seed(seed)
+    span = engine.span
+    text = torch.randint(5, engine.model.tokenizer.vocab_size(), (frames,), generator=g)
+    text[0], text[-1] = span.open_id, span.close_id
+    agent, user = placeholder_rows(span, frames)
+    return Block(torch.cat([text[None], agent, user]))
+
+
+def user_frames(count: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 2048, (count, 8), generator=torch.Generator().manual_seed(seed))
+
+
+class InjectedFault(RuntimeError):
+    """Raised by ForwardFault inside the model's forward."""
+
+
+class ForwardFault:
+    """A fault inside the temporal transformer's forward for armed slots only: a forward hook on its last layer
+    that raises, or writes NaN into those rows' activations, whenever an armed slot's row executes.
+
+    The armed flags live in the layer's streaming state, so `row_view.rows` slices them with the rows a call
+    computes: the hook sees the flags of exactly the rows in its batch, and a masked row (which the model reads
+    as initial tokens) does not fault, as a bad code in a masked row would not."""
+
+    def __init__(self, engine: Engine, kind: str) -> None:
+        if kind not in ("raise", "nan"):
+            raise ValueError(f"unknown fault kind {kind!r}")
+        self.kind = kind
+        self.fired = 0
+        layer = engine.model.lm.transformer.layers[-1]
+        layer._streaming_state.armed = torch.zeros(engine.slots, dtype=torch.bool, device=engine.model.device)
+        self._state = layer._streaming_state
+        self._handle = layer.register_forward_hook(self._hook)
+
+    def arm(self, slot: int) -> None:
+        self._state.armed[slot] = True
+
+    def disarm(self, slot: int) -> None:
+        self._state.armed[slot] = False
+
+    def __enter__(self) -> ForwardFault:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.remove()
+
+    def _hook(self, module: torch.nn.Module, inputs: object, output: torch.Tensor) -> None:
+        state = module._streaming_state
+        armed = getattr(state, "armed", None)  # None: another engine streams this model now
+        if armed is None:
+            return
+        hit = armed & state.exec_mask
+        if not bool(hit.any()):
+            return
+        self.fired += 1
+        if self.kind == "raise":
+            raise InjectedFault("injected fault in the forward")
+        output[hit] = float("nan")
