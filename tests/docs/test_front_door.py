@@ -43,6 +43,20 @@ def test_relative_links_of_the_maps_resolve(name: str) -> None:
         assert (document.parent / target).exists(), f"{name} links to missing {target}"
 
 
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("name", sorted({*MAPS, *(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))}))
+def test_every_anchor_a_document_links_to_is_a_heading_there(name: str) -> None:
+    document = ROOT / name
+    for target, anchor in re.findall(r"\]\((?!https?://)([^)#]*)#([^)]+)\)", document.read_text()):
+        linked = (document.parent / target) if target else document
+        headings = {_slug(h) for h in re.findall(r"^#+ (.+)$", linked.read_text(), re.M)}
+        assert anchor in headings, f"{name} links to #{anchor} in {linked.name}, which has no such heading"
+
+
 @pytest.mark.parametrize("name", MAPS)
 def test_every_path_the_maps_name_exists(name: str) -> None:
     text = (ROOT / name).read_text()
