@@ -1,5 +1,6 @@
-"""The README stays a front door (read in five minutes, pointing at the documents that hold the details), and the
-documents it points at name only files that exist, so that a map that has drifted from the code fails here."""
+"""The README stays a front door (read in five minutes, pointing at the documents that hold the details); every
+document's links and anchors resolve; and the maps name only files and functions that exist, so that a map that has
+drifted from the code fails here."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 README_LIMIT_BYTES = 15_000
 MAPS = ["README.md", "docs/architecture.md", "docs/engine.md", "benchmarks/README.md"]
+DOCUMENTS = sorted({*MAPS, *(f"docs/{path.name}" for path in (ROOT / "docs").glob("*.md"))})
 # A repository path in backticks: a folder of the project, then a file with an extension or a folder (trailing /).
 PATH = re.compile(r"`((?:server|frontend_model|backend_agent|contextspan_client|benchmarks|web_client|docker|docs|"
                   r"scripts|tests)/[\w./-]*)`")
@@ -36,8 +38,8 @@ def test_the_configuration_table_lives_only_in_docs_configuration() -> None:
     assert "| `--host` |" not in README.read_text()
 
 
-@pytest.mark.parametrize("name", MAPS)
-def test_relative_links_of_the_maps_resolve(name: str) -> None:
+@pytest.mark.parametrize("name", DOCUMENTS)
+def test_relative_links_resolve(name: str) -> None:
     document = ROOT / name
     for target in re.findall(r"\]\((?!https?://|#)([^)#]+)", document.read_text()):
         assert (document.parent / target).exists(), f"{name} links to missing {target}"
@@ -48,7 +50,7 @@ def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-@pytest.mark.parametrize("name", sorted({*MAPS, *(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))}))
+@pytest.mark.parametrize("name", DOCUMENTS)
 def test_every_anchor_a_document_links_to_is_a_heading_there(name: str) -> None:
     document = ROOT / name
     for target, anchor in re.findall(r"\]\((?!https?://)([^)#]*)#([^)]+)\)", document.read_text()):
