@@ -158,16 +158,25 @@ def test_contextspan_variables_are_settings(compose: dict[str, Any], monkeypatch
 
 def test_dockerfile_runs_as_non_root_with_a_healthcheck_and_the_dev_pins() -> None:
     text = DOCKERFILE.read_text()
-    assert re.search(r"^FROM nvidia/cuda:\S+-runtime-", text, re.M)
+    assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:\S+-runtime-", text, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}", text, re.M)
     users = re.findall(r"^USER (\S+)", text, re.M)
     assert users and users[-1] not in ("root", "0")
-    assert re.search(r"^HEALTHCHECK .*\n?.*CMD .*/healthz", text, re.M)
+    assert re.search(r'^HEALTHCHECK .*CMD \["contextspan", "health"\]', text, re.M)
     assert re.search(r'^VOLUME \[.*"/models"', text, re.M)
     assert f"EXPOSE {ServerSettings.model_fields['port'].default}" in text
     dev = (ROOT / "scripts" / "dev.sh").read_text()
     for name in ("TORCH_VERSION", "MOSHI_VERSION"):
         pinned = re.search(rf'^{name}="([^"]+)"', dev, re.M)
         assert pinned and f"ARG {name}={pinned[1]}" in text, name
+
+
+def test_the_build_ca_is_a_secret_mount_never_a_copied_file_or_a_variable() -> None:
+    text = DOCKERFILE.read_text()
+    steps = [step for step in re.split(r"\n(?=[A-Z]+ )", text) if step.startswith("RUN ") and "install" in step]
+    assert steps and all("--mount=type=secret,id=ca" in step for step in steps)
+    assert not re.search(r"^(COPY|ADD) .*\.(crt|pem)", text, re.M | re.I)
+    assert not re.search(r"^(ENV|ARG) .*(PIP_CERT|CAInfo|REQUESTS_CA|SSL_CERT)", text, re.M)
 
 
 def test_replicas_each_own_a_speech_gpu_and_traefik_routes_chat_by_readiness() -> None:
