@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("which", choices=list(BENCHMARKS))
     commands.add_parser("client", help="say an audio file to a server: write the agent's voice, print its events")
     if argv[:1] == ["client"]:  # the client owns its flags, and needs no server settings
-        from contextspan_client.client import client_main
+        from contextspan_client.cli import main as client_main
 
         return client_main(argv[1:])
     if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] in BENCHMARKS:

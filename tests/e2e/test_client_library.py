@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from contextspan_client import client
-from contextspan_client.client import load_wav
+import contextspan_client as client
+from contextspan_client import load_wav
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from frontend_model.loading.loader import load_model
 from server.wire import protocol as p
