@@ -25,6 +25,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--out", type=Path, default=Path("reply.wav"), help="the agent's voice, 24 kHz mono WAV")
     parser.add_argument("--fast", action="store_true", help=f"send up to {FAST_LEAD_S:g} s ahead of real time")
     parser.add_argument("--tail-s", type=float, default=3.0, help="silence after the file, for the agent's answer")
+    parser.add_argument("--catch-up-s", type=float, default=10.0,
+                        help="after the tail, wait at most this long for the voice of every frame sent (a busy server)")
     for name in ("persona", "voice", "user"):
         parser.add_argument(f"--{name}", default=None, help=f"the `{name}` query parameter")
     args = parser.parse_args(argv)
@@ -36,7 +38,7 @@ def main(argv: Sequence[str]) -> int:
     async def run() -> Reply:
         token = args.token or (await session_token(args.url, args.api_key) if args.api_key else None)
         return await converse(args.url, args.input, token=token, lead_s=FAST_LEAD_S if args.fast else 0,
-                              tail_s=args.tail_s, on_event=show, **query)
+                              tail_s=args.tail_s, catch_up_s=args.catch_up_s, on_event=show, **query)
 
     try:
         reply = asyncio.run(run())

@@ -3,6 +3,9 @@ it, or a helper slipping in unlisted, fails. It carries no test harness and impo
 
 from __future__ import annotations
 
+import ast
+import json
+import re
 import subprocess
 import sys
 import types
@@ -42,9 +45,22 @@ def test_the_library_carries_no_test_harness() -> None:
         assert HARNESS.isdisjoint(vars(module)), module.__name__
 
 
-def test_importing_the_client_never_imports_torch() -> None:
-    code = ("import sys, contextspan_client, contextspan_client.cli\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'moshi')))")
+def test_importing_the_client_never_imports_torch_and_only_the_wire_protocol_of_the_server() -> None:
+    """What docs/client.md promises an app that installs the client alone."""
+    code = ("import json, sys, contextspan_client, contextspan_client.cli\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in\n"
+            "    ('torch', 'moshi', 'server', 'frontend_model', 'backend_agent', 'benchmarks'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
                           cwd=ROOT)
-    assert done.stdout.strip() == "[]", done.stdout
+    assert json.loads(done.stdout) == ["frontend_model", "frontend_model.compile_policy", "frontend_model.frame",
+                                       "server", "server.wire", "server.wire.protocol"]
+
+
+def test_the_documented_examples_import_only_public_names() -> None:
+    blocks = [block for doc in ("client.md", "mobile.md") for block in
+              re.findall(r"```python\n(.*?)```", (ROOT / "docs" / doc).read_text(), re.S)]
+    imported = [(node.module, alias.name) for block in blocks for node in ast.walk(ast.parse(block))
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("contextspan_client")
+                for alias in node.names]
+    assert {name for _, name in imported} >= {"connect", "converse", "session_token", "protocol"}
+    assert all(module == "contextspan_client" and name in PUBLIC for module, name in imported), imported
