@@ -1,5 +1,4 @@
-"""The public client library (contextspan_client/client.py) against a real in-process server with token auth on: a
-token minted
+"""The public client library (contextspan_client) against a real in-process server with token auth on: a token minted
 with the operator key, a spoken file streamed as Opus, typed events back, and each refusal as its typed exception."""
 
 from __future__ import annotations
