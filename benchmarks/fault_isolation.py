@@ -10,7 +10,8 @@ that were not closed, frame latency and deadline misses next to what the fault d
 `asr_failed` errors, sessions closed 1011), so the cost of a fault is the difference from the no-fault rows of the
 same run.
 
-The fakes are the test suite's (tests/backend_agent/fake_openai.py, tests/e2e/faulty_server.py): run it from a checkout.
+The fakes live beside it (benchmarks/fakes/: the OpenAI-compatible LLM, the faulty server), shared with the tests, so it
+runs from an installed package as from a checkout.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.fakes.fake_openai import fake_openai
+from benchmarks.harness import StreamResult, speak, start_server, stop_server, stream
 from benchmarks.load_test import CONNECT_S, JOIN_FRAMES
 from benchmarks.report import latency_summary, machine_info, save_json
-from contextspan_client.client import StreamResult, chat_url, speak, start_server, stop_server, stream
+from contextspan_client import chat_url
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 
 QUESTION = "What is the weather like in Paris today?"
@@ -37,7 +40,7 @@ QUESTION = "What is the weather like in Paris today?"
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    faults: str = ""  # FAULTS for tests.e2e.faulty_server
+    faults: str = ""  # FAULTS for benchmarks.fakes.faulty_server
     llm: str | None = None  # the fake LLM's mode (`content` answers); None: no LLM, the built-in router alone
 
 
@@ -87,13 +90,11 @@ async def two_clients(ws: str, pcm: np.ndarray) -> list[StreamResult]:
 
 
 def run_scenario(scenario: Scenario, workdir: Path, pcm: np.ndarray, ret_frame: int) -> dict[str, Any]:
-    from tests.backend_agent.fake_openai import fake_openai
-
     # Both sessions and their spans whatever this host's calibration says: the faults are what is measured.
     flags = ["--profile", "tiny", "--max-sessions", "2", "--admission", "fixed", "--span-cap", "fixed",
              "--force-ret-frame", str(ret_frame),
              "--recordings-dir", str(workdir / "recordings"), "--log-level", "warning"]
-    module = "tests.e2e.faulty_server" if scenario.faults else "server.cli"
+    module = "benchmarks.fakes.faulty_server" if scenario.faults else "server.cli"
     with fake_openai() as (llm_url, script):
         if scenario.llm is not None:
             script.mode = scenario.llm
@@ -121,10 +122,6 @@ def run_scenario(scenario: Scenario, workdir: Path, pcm: np.ndarray, ret_frame: 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    try:
-        import tests.backend_agent.fake_openai  # noqa: F401
-    except ImportError:
-        raise SystemExit("bench faults uses the test suite's fakes: run it from the repository root") from None
     rows: list[dict[str, Any]] = []
     print(f"{'scenario':<28} | kept | frames | P50 (ms) | P99 (ms) | misses | what the fault did")
     with tempfile.TemporaryDirectory(prefix="contextspan-faults-") as tmp:

@@ -20,8 +20,9 @@ import httpx
 import numpy as np
 import psutil
 
+from benchmarks.harness import StreamResult, speak, start_server, stop_server, stream
 from benchmarks.report import latency_summary, machine_info, save_json
-from contextspan_client.client import StreamResult, chat_url, load_wav, speak, start_server, stop_server, stream
+from contextspan_client import chat_url, load_wav
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 
 CONNECT_S = 3.0  # for every client to connect and get through the handshake before the first one streams

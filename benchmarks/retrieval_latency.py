@@ -24,8 +24,9 @@ from typing import Any
 import httpx
 import numpy as np
 
+from benchmarks.harness import free_port
 from benchmarks.report import machine_info, save_json
-from contextspan_client.client import free_port, load_wav
+from contextspan_client import load_wav
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from frontend_model.loading.loader import load_model
 from server.offline.infer import OfflineSession

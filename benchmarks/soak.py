@@ -26,8 +26,9 @@ import httpx
 import numpy as np
 import psutil
 
+from benchmarks.harness import StreamResult, speak, start_server, stop_server, stream
 from benchmarks.report import machine_info, percentile, save_json
-from contextspan_client.client import SessionClosed, StreamResult, chat_url, speak, start_server, stop_server, stream
+from contextspan_client import SessionClosed, chat_url
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
 from server.wire.protocol import CLOSE_NORMAL, CLOSE_TRY_AGAIN
 

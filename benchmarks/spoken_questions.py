@@ -22,7 +22,7 @@ from backend_agent.asr.transcriber import WhisperTranscriber
 from backend_agent.llm_client import ChatClient
 from backend_agent.tools import build_catalogue
 from backend_agent.tools.knowledge_base import KnowledgeBase
-from contextspan_client.client import load_wav
+from contextspan_client import load_wav
 
 MUSEUM = ("# City Museum\n\nThe City Museum opens at 9 am and closes at 5 pm from Tuesday to Sunday. "
           "It is closed on Mondays.")

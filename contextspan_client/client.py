@@ -1,29 +1,19 @@
-"""The Python client of /api/chat: the public library for app authors, and what the e2e tests and benchmarks use.
-
-`connect` opens one conversation (a session token goes in `Authorization: Bearer`), `Conversation` sends
+"""The conversation: `connect` opens one (a session token goes in `Authorization: Bearer`), `Conversation` sends
 microphone PCM as Ogg Opus and typed messages and yields what the server sends: decoded agent audio, agent text
-pieces and the JSON events as server.wire.protocol's models (the ones docs/protocol.asyncapi.yaml describes). `converse`
-does a whole exchange with callbacks; `contextspan client` is its command line. A refused or abnormally closed
-session raises a `ClientError` subclass carrying the server's reason. It needs numpy, sphn, websockets, httpx and
-pydantic, not torch. docs/client.md shows it in use.
-
-The helpers at the end (`stream`, `start_server`, `speak`, ...) drive servers from the tests and benchmarks.
+pieces and the JSON events as server.wire.protocol's models (the ones docs/protocol.asyncapi.yaml describes).
+`converse` does a whole exchange with callbacks. A refused or abnormally closed session raises a `ClientError`
+subclass carrying the server's reason. The public names are `contextspan_client`'s `__all__`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -38,7 +28,6 @@ from websockets.exceptions import InvalidStatus
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from server.wire import protocol as p
 
-DRAIN_LIMIT_S = 60.0
 # Sending may run this far ahead of real time when asked to go "as fast as allowed": the server keeps
 # input_backlog_frames (50 frames, 4 s, by default) unprocessed input before it drops the oldest.
 FAST_LEAD_S = 2.0
@@ -214,6 +203,7 @@ def chat_address(url: str, events: bool = True, query: Mapping[str, str] | None 
 
 
 def chat_url(base: str, events: bool = False, **query: str) -> str:
+    """`chat_address` with the query as keywords and the JSON events off unless asked for."""
     return chat_address(base, events, query)
 
 
@@ -339,6 +329,12 @@ async def connect(url: str, token: str | None = None, events: bool = True, open_
         yield Conversation(ws, preparing)
 
 
+def load_wav(path: str) -> np.ndarray:
+    """Any audio file -> 24 kHz mono float32."""
+    data, _ = sphn.read(path, sample_rate=SAMPLE_RATE)
+    return np.asarray(data, dtype=np.float32).mean(axis=0)
+
+
 @dataclass
 class Reply:
     """Everything the server sent in one conversation."""
@@ -404,215 +400,3 @@ async def converse(url: str, audio: np.ndarray | str | Path, token: str | None =
             await asyncio.gather(talker, return_exceptions=True)
     return Reply(np.concatenate(voice) if voice else np.zeros(0, np.float32), "".join(text), events,
                  conversation.close_code, conversation.close_reason)
-
-
-def client_main(argv: Sequence[str]) -> int:
-    """`contextspan client FILE`: say a recording to a server, write the agent's voice, print text and events."""
-    parser = argparse.ArgumentParser(prog="contextspan client", description=client_main.__doc__)
-    parser.add_argument("input", type=Path, help="audio file (any rate, mixed to 24 kHz mono)")
-    parser.add_argument("--url", default="http://127.0.0.1:8998", help="the server's base URL")
-    parser.add_argument("--token", default=None, help="a session token from POST /api/token")
-    parser.add_argument("--api-key", default=None, help="or an operator API key, traded for a token first")
-    parser.add_argument("--out", type=Path, default=Path("reply.wav"), help="the agent's voice, 24 kHz mono WAV")
-    parser.add_argument("--fast", action="store_true", help=f"send up to {FAST_LEAD_S:g} s ahead of real time")
-    parser.add_argument("--tail-s", type=float, default=3.0, help="silence after the file, for the agent's answer")
-    for name in ("persona", "voice", "user"):
-        parser.add_argument(f"--{name}", default=None, help=f"the `{name}` query parameter")
-    args = parser.parse_args(argv)
-    query = {name: value for name in ("persona", "voice", "user") if (value := getattr(args, name)) is not None}
-
-    def show(event: p.ServerEvent) -> None:
-        print(event.model_dump_json(exclude_none=True), flush=True)
-
-    async def run() -> Reply:
-        token = args.token or (await session_token(args.url, args.api_key) if args.api_key else None)
-        return await converse(args.url, args.input, token=token, lead_s=FAST_LEAD_S if args.fast else 0,
-                              tail_s=args.tail_s, on_event=show, **query)
-
-    try:
-        reply = asyncio.run(run())
-    except ClientError as exc:
-        print(f"contextspan client: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    sphn.write_wav(str(args.out), reply.audio, SAMPLE_RATE)
-    print(f"agent: {reply.text.strip()}", file=sys.stderr)
-    print(f"wrote {reply.audio.size / SAMPLE_RATE:.2f} s of the agent's voice to {args.out}", file=sys.stderr)
-    return 0
-
-
-# test and benchmark helpers ----------------------------------------------------------------------------------
-
-
-@dataclass
-class StreamResult:
-    handshake_s: float | None = None  # seconds from connect to the handshake
-    frames_sent: int = 0
-    audio_messages: int = 0
-    output_samples: int = 0
-    text_pieces: list[str] = field(default_factory=list)
-    events: list[Any] = field(default_factory=list)
-    close_code: int | None = None
-    close_reason: str = ""
-
-    @property
-    def output_seconds(self) -> float:
-        return self.output_samples / SAMPLE_RATE
-
-    def of_type(self, kind: str) -> list[Any]:
-        return [e for e in self.events if e.type == kind]
-
-
-def free_port() -> int:
-    """A loopback port free right now, for servers started by tests and benchmarks."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def stream(
-    url: str,
-    pcm: np.ndarray,
-    tail_s: float = 0.6,
-    pause_reading_s: tuple[float, float] | None = None,
-    token: str | None = None,
-    page_samples: int = FRAME_SAMPLES,
-    start_at: float | None = None,
-    until: Callable[[StreamResult], bool] | None = None,
-    until_timeout_s: float = 30.0,
-    texts: Sequence[tuple[float, str]] = (),
-) -> StreamResult:
-    """For tests and benchmarks: send `pcm` (24 kHz float32) as Ogg Opus, `page_samples` at a time (default one
-    80 ms frame; a divisor of it, at least 960, for shorter pages), paced by an absolute schedule, and collect
-    everything the server sends until its audio has been quiet for `tail_s` after the last frame (a server behind
-    real time on a slow host is still answering: at most DRAIN_LIMIT_S more), or until the server closes (its close
-    code is in the result, not raised).
-
-    `pause_reading_s=(start, length)` stops reading for `length` seconds from `start`, as a stalled client.
-    `token` is a session token from POST /api/token, sent as an app does: `Authorization: Bearer`.
-    `start_at` (a `time.perf_counter()` value) starts sending then instead of right after the handshake.
-    `until`: after `pcm`, keep the session going with silence until `until(result)` holds (at most
-    `until_timeout_s`), e.g. until an answer the client waits for has come, however long this host takes.
-    `texts` are (seconds into the audio, JSON text message) pairs, e.g. a `span.inject`, sent at those times.
-    """
-    if FRAME_SAMPLES % page_samples or page_samples < 960:
-        raise ValueError(f"page_samples must divide {FRAME_SAMPLES} and be at least 960 (sphn's Opus page)")
-    pages_per_frame = FRAME_SAMPLES // page_samples
-    result = StreamResult()
-    frames = len(pcm) // FRAME_SAMPLES
-    t0 = time.perf_counter()
-    async with connect(url, token=token, events=False) as conversation:
-        result.handshake_s = time.perf_counter() - t0
-        result.events.extend(conversation.preparing)
-
-        async def send() -> None:
-            start = time.perf_counter() if start_at is None else start_at
-            silence = np.zeros(page_samples, np.float32)
-            pending = sorted(texts)
-            give_up = math.inf
-            i = 0
-            while True:
-                if i < frames * pages_per_frame:
-                    page = pcm[i * page_samples : (i + 1) * page_samples].astype(np.float32)
-                elif until is not None and not until(result) and time.perf_counter() < give_up:
-                    give_up = min(give_up, time.perf_counter() + until_timeout_s)
-                    page = silence
-                else:
-                    return
-                await asyncio.sleep(max(0.0, start + i * page_samples / SAMPLE_RATE - time.perf_counter()))
-                try:
-                    while pending and pending[0][0] <= i * page_samples / SAMPLE_RATE:
-                        await conversation.send(pending.pop(0)[1])
-                    await conversation.send_audio(page)
-                except SessionClosed:
-                    return  # the server ended the session: what it sent, and its close code, are the result
-                i += 1
-                if i % pages_per_frame == 0:
-                    result.frames_sent += 1
-
-        last_audio = time.perf_counter()
-
-        async def receive() -> None:
-            nonlocal last_audio
-            start = time.perf_counter()
-            paused = False
-            with contextlib.suppress(SessionClosed):
-                async for item in conversation:
-                    if pause_reading_s and not paused and time.perf_counter() - start >= pause_reading_s[0]:
-                        paused = True
-                        await asyncio.sleep(pause_reading_s[1])
-                    if isinstance(item, AudioChunk):
-                        last_audio = time.perf_counter()
-                        result.audio_messages += 1
-                        result.output_samples += item.pcm.size
-                    elif isinstance(item, TextPiece):
-                        result.text_pieces.append(item.text)
-                    else:
-                        result.events.append(item)
-
-        receiver = asyncio.create_task(receive())
-        try:
-            await send()
-            sent = time.perf_counter()
-            while conversation.close_code is None and time.perf_counter() - sent < DRAIN_LIMIT_S:
-                quiet_until = max(last_audio, sent) + tail_s
-                if time.perf_counter() >= quiet_until:
-                    break
-                await asyncio.sleep(quiet_until - time.perf_counter())
-        finally:
-            receiver.cancel()
-            await asyncio.gather(receiver, return_exceptions=True)
-    result.close_code = conversation.close_code
-    result.close_reason = conversation.close_reason
-    return result
-
-
-def load_wav(path: str) -> np.ndarray:
-    """Any audio file -> 24 kHz mono float32."""
-    data, _ = sphn.read(path, sample_rate=SAMPLE_RATE)
-    return np.asarray(data, dtype=np.float32).mean(axis=0)
-
-
-def speak(text: str, wav: Path) -> np.ndarray:
-    """espeak-ng says `text` into `wav`; returns it as 24 kHz mono float32."""
-    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True)
-    return load_wav(str(wav))
-
-
-def start_server(workdir: Path, *flags: str, ready_timeout: float = 300.0, module: str = "server.cli",
-                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """`python -m module serve *flags` (`contextspan serve`) on a free loopback port, from the repository root,
-    logging to workdir/server.log; returns the process and its http:// URL once /readyz says ready.
-    Fails as soon as the process exits or /readyz reports a model load error."""
-    port = free_port()
-    cmd = [sys.executable, "-m", module, "serve", "--port", str(port), *flags]
-    log = workdir / "server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1],
-                                   env=dict(os.environ, NO_TORCH_COMPILE="1", **(env or {})))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}: {log.read_text()[-2000:]}")
-        try:
-            ready = httpx.get(f"{url}/readyz", timeout=1)
-        except httpx.HTTPError:
-            ready = None
-        if ready is not None and ready.status_code == 200:
-            return process, url
-        if ready is not None and ready.json().get("load_error"):  # the model will not load: waiting cannot help
-            stop_server(process)
-            raise RuntimeError(f"server could not load its model: {ready.json()['load_error']}")
-        time.sleep(0.3)
-    stop_server(process)
-    raise RuntimeError(f"server not ready within {ready_timeout:.0f} s: {log.read_text()[-2000:]}")
-
-
-def stop_server(process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    """SIGTERM lets uvicorn close the sessions and the ASR process; SIGKILL only if that hangs."""
-    process.terminate()
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("client", help="say an audio file to a server: write the agent's voice, print its events")
     commands.add_parser("health", help="probe /healthz of the server running here, on the port it was told")
     if argv[:1] == ["client"]:  # the client owns its flags, and needs no server settings
-        from contextspan_client.client import client_main
+        from contextspan_client.cli import main as client_main
 
         return client_main(argv[1:])
     if argv[:1] == ["health"]:

@@ -8,6 +8,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request, WebSocket
@@ -47,8 +48,6 @@ from server.settings import ServerSettings
 from server.wire import protocol as p
 
 logger = logging.getLogger(__name__)
-
-WEB_CLIENT_DIR = Path(__file__).resolve().parents[2] / "web_client"
 
 RANDOM_WEIGHTS_BANNER = (
     "\n" + "!" * 100 + "\n"
@@ -339,9 +338,18 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
         finally:
             state.connections.leave(address)
 
-    if settings.web_client and WEB_CLIENT_DIR.is_dir():
-        app.mount("/", StaticFiles(directory=WEB_CLIENT_DIR, html=True), name="web_client")
+    if settings.web_client:
+        app.mount("/", StaticFiles(directory=web_client_dir(), html=True), name="web_client")
     return app
+
+
+def web_client_dir() -> Path:
+    """The browser demo's files: package data of `web_client`, found where that package is installed (a wheel, an
+    image, a checkout), never by a path relative to this file."""
+    files = resources.files("web_client")
+    if not isinstance(files, Path):  # StaticFiles serves a folder on disk, not one inside a zip
+        raise RuntimeError(f"web_client is not installed as files on disk ({files}); serve with --no-web-client")
+    return files
 
 
 TOKEN_HELP = {

@@ -142,7 +142,7 @@ def infer(settings: ServerSettings, source: Path, out: Path, events: Path | None
           realtime: bool) -> int:
     import torch
 
-    from contextspan_client.client import load_wav
+    from contextspan_client import load_wav
     from frontend_model.loading.loader import load_model
 
     torch.set_num_threads(settings.torch_threads)

@@ -14,7 +14,7 @@ import pytest
 from backend_agent.agent import Agent, AgentResult
 from backend_agent.llm_client import ChatClient, LLMConfig
 from backend_agent.tools import Tool, build_catalogue
-from tests.backend_agent.fake_openai import Script, fake_openai
+from benchmarks.fakes.fake_openai import Script, fake_openai
 
 NOW = datetime(2026, 11, 30, 12, 15, tzinfo=UTC)
 

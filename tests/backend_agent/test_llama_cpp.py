@@ -17,7 +17,7 @@ import pytest
 from backend_agent.agent import Agent, AgentResult
 from backend_agent.llm_client import ChatClient, LLMConfig
 from backend_agent.tools import build_catalogue
-from contextspan_client.client import free_port
+from benchmarks.harness import free_port
 
 
 def smollm2_path() -> Path:

@@ -20,7 +20,8 @@ from backend_agent.agent import Agent
 from backend_agent.llm_client import ChatClient, LLMConfig
 from backend_agent.tools import Tool, ToolError, build_catalogue
 from backend_agent.tools.mcp_tools import MCPServerSpec, MCPStartError, MCPToolset
-from tests.backend_agent.fake_openai import fake_openai, free_port
+from benchmarks.fakes.fake_openai import fake_openai
+from benchmarks.harness import free_port
 
 SERVER = Path(__file__).with_name("mcp_echo_server.py")
 ECHO = f"echo={sys.executable} {SERVER}"

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contextspan_client.client import load_wav
+from contextspan_client import load_wav
 
 from .servers import RunningServer, espeak_wav, start_server, stop_server
 

@@ -8,7 +8,7 @@ frames held for the length of the fault: seconds. So the bar is: every frame ans
 
 from __future__ import annotations
 
-from contextspan_client.client import StreamResult
+from benchmarks.harness import StreamResult
 
 STALL_MS = 500.0
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from contextspan_client import client
+from benchmarks import harness
 from server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ PINNED_FLAGS = ("--admission", "fixed", "--span-cap", "fixed")
 
 def pinned_settings(**fields: Any) -> ServerSettings:
     """Settings for an in-process test server on a free port, with admission and span cap pinned."""
-    return ServerSettings(**{"port": client.free_port(), "admission": "fixed", "span_cap": "fixed", **fields})
+    return ServerSettings(**{"port": harness.free_port(), "admission": "fixed", "span_cap": "fixed", **fields})
 
 
 @dataclass
@@ -96,17 +96,17 @@ class RunningServer:
 
 
 def start_server(tmp: Path, *flags: str, ready_timeout: float = 120.0, faults: str = "") -> RunningServer:
-    """`faults` (see faulty_server.py) runs the same server with those faults injected."""
+    """`faults` (see benchmarks/fakes/faulty_server.py) runs the same server with those faults injected."""
     recordings = tmp / "recordings"
-    module = "tests.e2e.faulty_server" if faults else "server.cli"
-    process, http = client.start_server(tmp, *PINNED_FLAGS, "--recordings-dir", str(recordings), "--log-level", "info",
-                                        *flags,
-                                        ready_timeout=ready_timeout, module=module, env={"FAULTS": faults})
+    module = "benchmarks.fakes.faulty_server" if faults else "server.cli"
+    process, http = harness.start_server(tmp, *PINNED_FLAGS, "--recordings-dir", str(recordings), "--log-level",
+                                         "info", *flags, ready_timeout=ready_timeout, module=module,
+                                         env={"FAULTS": faults})
     return RunningServer(http, "ws" + http.removeprefix("http"), recordings, process, tmp / "server.log")
 
 
 def stop_server(server: RunningServer) -> None:
-    client.stop_server(server.process)
+    harness.stop_server(server.process)
 
 
 def espeak_wav(path: Path, text: str) -> Path:

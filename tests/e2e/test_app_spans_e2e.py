@@ -11,7 +11,8 @@ import httpx
 import numpy as np
 import pytest
 
-from contextspan_client.client import StreamResult, chat_url, free_port, stream
+from benchmarks.harness import StreamResult, free_port, stream
+from contextspan_client import chat_url
 from frontend_model.frame import SAMPLE_RATE
 from frontend_model.loading.loader import load_model
 from server.settings import ServerSettings

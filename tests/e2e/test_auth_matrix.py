@@ -16,7 +16,8 @@ import pytest
 import websockets
 from websockets.exceptions import InvalidStatus
 
-from contextspan_client.client import chat_url, stream
+from benchmarks.harness import stream
+from contextspan_client import chat_url
 from server.wire import protocol as p
 
 from .servers import RunningServer, start_server, stop_server

@@ -13,7 +13,8 @@ import pytest
 import websockets
 from prometheus_client import Histogram
 
-from contextspan_client.client import chat_url, stream
+from benchmarks.harness import stream
+from contextspan_client import chat_url
 from frontend_model.engine.calibration import TickCost
 from frontend_model.engine.engine import PrefillCost
 from frontend_model.loading.loader import load_model

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from contextspan_client.client import start_server
+from benchmarks.harness import start_server
 
 pytestmark = pytest.mark.slow
 

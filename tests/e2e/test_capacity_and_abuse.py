@@ -13,7 +13,8 @@ import pytest
 import sphn
 import websockets
 
-from contextspan_client.client import StreamResult, chat_url, stream
+from benchmarks.harness import StreamResult, stream
+from contextspan_client import chat_url
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from server.wire import protocol as p
 

@@ -21,7 +21,7 @@ import pytest
 import sphn
 import websockets
 
-from contextspan_client.client import chat_url
+from contextspan_client import chat_url
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from frontend_model.loading.loader import load_model
 from server.wire import protocol as p

@@ -1,9 +1,9 @@
 """Fault injection in a real server on loopback: one session's step raises (before the batched step, or inside its
 row of the batched forward), the ASR raises, the worker wedges.
 
-The first two run the server in its own process with the fault installed (faulty_server.py), so the healthy
-session's deadlines are measured as in production; the wedged worker runs in process, where a test can hold the
-stuck call and release it. Clients are real WebSocket clients streaming Ogg Opus in real time.
+The first two run the server in its own process with the fault installed (benchmarks/fakes/faulty_server.py), so
+the healthy session's deadlines are measured as in production; the wedged worker runs in process, where a test can
+hold the stuck call and release it. Clients are real WebSocket clients streaming Ogg Opus in real time.
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ import httpx
 import numpy as np
 import pytest
 
-from contextspan_client.client import StreamResult, chat_url, stream
+from benchmarks.fakes.faulty_server import break_slot_frame
+from benchmarks.harness import StreamResult, stream
+from contextspan_client import chat_url
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import load_model
 from server.batching.batcher import Batcher
 from server.settings import ServerSettings
 from server.wire import protocol as p
 
-from .faulty_server import break_slot_frame
 from .pace import assert_kept_pace
 from .servers import RunningServer, in_process_server, pinned_settings, start_server, stop_server
 

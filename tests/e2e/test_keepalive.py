@@ -1,6 +1,6 @@
 """A prefill made slow on purpose (12 s) does not lose a client that closes after 10 s of silence.
 
-The server's prefill path is slowed by the `slow_prefill` fault (tests/e2e/faulty_server.py); the clients are
+The server's prefill path is slowed by the `slow_prefill` fault (benchmarks/fakes/faulty_server.py); the clients are
 `websockets` connections with an idle timer of 10 s, as Kyutai's web client has once it streams. A binary Moshi
 client hears WebSocket pings (a control frame its library answers by itself) and nothing else until the `0x00`
 handshake; a JSON-events client, modelled as a browser page that cannot see pings, hears `session.preparing`, and
@@ -23,7 +23,8 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.frames import Frame, Opcode
 
-from contextspan_client.client import chat_url, stream
+from benchmarks.harness import stream
+from contextspan_client import chat_url
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from server.wire import protocol as p
 

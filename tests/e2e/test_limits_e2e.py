@@ -13,7 +13,8 @@ import pytest
 import websockets
 from websockets.exceptions import InvalidStatus
 
-from contextspan_client.client import chat_url, stream
+from benchmarks.harness import stream
+from contextspan_client import chat_url
 from frontend_model.frame import FRAME_SAMPLES
 from server.wire import protocol as p
 

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from backend_agent.tools.numbers import replace_number_words
-from contextspan_client.client import StreamResult, chat_url, stream
+from benchmarks.fakes.fake_openai import Script, fake_openai
+from benchmarks.harness import StreamResult, stream
+from contextspan_client import chat_url
 from frontend_model.frame import FRAME_SAMPLES
-from tests.backend_agent.fake_openai import Script, fake_openai
 from tests.support.speech import silence, speak
 
 from .pace import assert_kept_pace

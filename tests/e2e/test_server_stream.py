@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contextspan_client.client import chat_url, stream
+from benchmarks.harness import stream
+from contextspan_client import chat_url
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from frontend_model.loading.loader import load_model
 from frontend_model.moshi_internals.row_sampling import Stream

@@ -25,7 +25,8 @@ import sphn
 import websockets
 from starlette.websockets import WebSocket
 
-from contextspan_client.client import chat_url
+from benchmarks.fakes.faulty_server import break_slot_frame, injected_step_fault
+from contextspan_client import chat_url
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from frontend_model.loading.loader import load_model
 from server.batching.batcher import Batcher, _Pending
@@ -36,7 +37,6 @@ from server.session.spans import FrameOutput, SpanRequest
 from server.wire import protocol as p
 from server.wire.frame_clock import InputFrame
 
-from .faulty_server import break_slot_frame, injected_step_fault
 from .servers import InProcessServer, in_process_server, pinned_settings
 
 pytestmark = pytest.mark.slow

@@ -12,11 +12,12 @@ from contextlib import ExitStack
 import pytest
 import torch
 
+from benchmarks.fakes.forward_fault import ForwardFault, InjectedFault
 from frontend_model.engine.batch_engine import BatchEngine, RowFault
 from frontend_model.engine.engine import SAMPLED, StepResult
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.moshi_internals.row_sampling import RowSampling
-from tests.support.engine import ForwardFault, InjectedFault, snapshot, span_like_block, user_frames
+from tests.support.engine import snapshot, span_like_block, user_frames
 
 CONTEXT = 8
 MAX_SPAN = 16

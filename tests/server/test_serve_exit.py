@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from contextspan_client import client
+from benchmarks import harness
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ("--profile", "personaplex", "--checkpoint", "/nonexistent", "--no-asr")
@@ -21,12 +21,12 @@ def test_serve_exits_non_zero_with_the_reason(tmp_path: Path) -> None:
     start = time.monotonic()
     reason = r"(?s)server exited with 1: .*exiting: the model did not load: .*/nonexistent does not exist"
     with pytest.raises(RuntimeError, match=reason):
-        client.start_server(tmp_path, *FLAGS, "--recordings-dir", str(tmp_path / "rec"), ready_timeout=60)
+        harness.start_server(tmp_path, *FLAGS, "--recordings-dir", str(tmp_path / "rec"), ready_timeout=60)
     assert time.monotonic() - start < 60
 
 
 def test_wait_for_model_keeps_serving_not_ready(tmp_path: Path) -> None:
-    port = client.free_port()
+    port = harness.free_port()
     cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *FLAGS, "--wait-for-model",
            "--recordings-dir", str(tmp_path / "rec")]
     process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -44,4 +44,4 @@ def test_wait_for_model_keeps_serving_not_ready(tmp_path: Path) -> None:
         time.sleep(0.5)  # several of uvicorn's 0.1 s ticks: it must still be up
         assert process.poll() is None
     finally:
-        client.stop_server(process)
+        harness.stop_server(process)

@@ -16,8 +16,8 @@ from backend_agent.agent import Agent
 from backend_agent.context_store import ContextStore
 from backend_agent.llm_client import ChatClient, LLMConfig
 from backend_agent.tools import build_catalogue
+from benchmarks.fakes.fake_openai import fake_openai
 from server.session.retrieval import Retrieval, SpanAnswer
-from tests.backend_agent.fake_openai import fake_openai
 
 _EXPORTER = InMemorySpanExporter()
 

@@ -15,7 +15,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from contextspan_client.client import free_port
+from benchmarks.harness import free_port
 
 
 @dataclass

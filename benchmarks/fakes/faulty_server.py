@@ -1,8 +1,8 @@
-"""`contextspan serve` with faults injected, in its own process as in production: `python -m tests.e2e.faulty_server
-serve ...` with FAULTS set, e.g. `step_raise@20` (the first session to reach frame 20 fails in its own part of the
-tick, before the batched step), `forward_raise@20` / `forward_nan@20` (from that frame on, that session's row raises,
-or turns NaN, inside the batched step's transformer forward), `slow_prefill@12` (every session's prefill takes 12 s
-longer) or `asr_raise` (Whisper's worker process raises on every call)."""
+"""`contextspan serve` with faults injected, in its own process as in production: `python -m
+benchmarks.fakes.faulty_server serve ...` with FAULTS set, e.g. `step_raise@20` (the first session to reach frame 20
+fails in its own part of the tick, before the batched step), `forward_raise@20` / `forward_nan@20` (from that frame
+on, that session's row raises, or turns NaN, inside the batched step's transformer forward), `slow_prefill@12` (every
+session's prefill takes 12 s longer) or `asr_raise` (Whisper's worker process raises on every call)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.fakes.forward_fault import ForwardFault
 from frontend_model.engine.batch_model import BatchedModel
 from server.batching.batcher import Batcher
 from server.cli import main
@@ -42,10 +43,8 @@ def break_slot_frame(at_frame: int, fault: Callable[[], None]) -> Callable[[Batc
 
 def break_forward(at_frame: int, kind: str) -> None:
     """Patch BatchedModel so that the first session to reach `at_frame` has its row fault inside the batched step
-    (tests/engine_helpers.ForwardFault) until its slot is opened again. Calibration and warm-up ticks (no session
+    (benchmarks/fakes/forward_fault.py) until its slot is opened again. Calibration and warm-up ticks (no session
     opened) do not arm it."""
-    from tests.support.engine import ForwardFault
-
     original_tick, original_open = BatchedModel.tick, BatchedModel.open_slot
     faults: dict[int, ForwardFault] = {}  # id(model) -> its fault
     opened: set[int] = set()

@@ -1,0 +1,42 @@
+"""Product code never imports `tests` (nor runs a module of it by name): what a wheel ships must work without the
+test suite, which it does not contain."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = ("server", "frontend_model", "backend_agent", "contextspan_client", "benchmarks", "web_client")
+TESTS_MODULE = re.compile(r"tests(\.\w+)*")
+
+
+def references_to_tests(source: str, filename: str) -> list[str]:
+    """Imports of `tests` and module names such as "tests.e2e.faulty_server" (for `python -m` or importlib)."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and TESTS_MODULE.fullmatch(node.value):
+            names = [node.value]
+        else:
+            continue
+        found += [f"{filename}:{node.lineno}: {name}" for name in names if name.split(".")[0] == "tests"]
+    return found
+
+
+def test_the_check_finds_an_import_of_tests_and_a_module_name() -> None:
+    source = "import tests.support.engine\nfrom tests.support import speech\nMODULE = 'tests.e2e.faulty_server'\n"
+    assert len(references_to_tests(source, "example.py")) == 3
+    assert references_to_tests("import testsuite\nNAME = 'tests'\nTEXT = 'see the tests.'\n", "x.py") == [
+        "x.py:2: tests"]
+
+
+def test_no_product_module_imports_tests() -> None:
+    modules = [path for package in PRODUCT for path in sorted((ROOT / package).rglob("*.py"))]
+    assert len(modules) > 100  # the product's modules were found
+    offenders = [ref for path in modules for ref in references_to_tests(path.read_text(), str(path.relative_to(ROOT)))]
+    assert offenders == []
