@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.harness.servers import free_port  # noqa: E402
+from benchmarks.harness.speech import speak  # noqa: E402
 from benchmarks.report import machine_info, save_json  # noqa: E402
 
 LOCAL_BASE = "contextspan-base:bookworm"
@@ -147,12 +148,6 @@ def build(docker: str, base: str, ca: Path | None, target: str | None = None, ta
     return seconds
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def inspect(docker: str, what: str, fmt: str) -> str:
     return run([docker, "inspect", "-f", fmt, what], quiet=True).stdout.strip()
 
@@ -166,11 +161,6 @@ def wait_healthy(docker: str, container: str) -> float:
             raise CheckFailed(f"{container} not healthy within {HEALTHY_WITHIN_S} s (health {status})")
         time.sleep(2)
     return time.monotonic() - started
-
-
-def speak(text: str, path: Path) -> Path:
-    run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(path), text], quiet=True)
-    return path
 
 
 def converse(url: str, audio: Path, out: Path) -> dict[str, Any]:
@@ -210,7 +200,8 @@ def check_image(docker: str, base: str, ca: Path | None) -> dict[str, Any]:
         page = run([sys.executable, "-c", f"import urllib.request; print(urllib.request.urlopen("
                     f"'http://127.0.0.1:{port}/', timeout=10).read()[:200])"], quiet=True).stdout
         with tempfile.TemporaryDirectory() as work:
-            talk = converse(f"http://127.0.0.1:{port}", speak(QUESTION, Path(work) / "q.wav"), Path(work) / "a.wav")
+            speak(QUESTION, Path(work) / "q.wav")
+            talk = converse(f"http://127.0.0.1:{port}", Path(work) / "q.wav", Path(work) / "a.wav")
         time.sleep(2)  # the recording is flushed when the session closes
         recorded = sorted(p.name for p in recordings.rglob("*") if p.is_file())
     except Exception:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.harness.servers import free_port
 from server.ops.health import Listen, find_server, serve_address
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,12 +39,6 @@ def test_the_server_process_is_told_apart_from_other_processes() -> None:
     assert find_server(others[1:] + server) == Listen("127.0.0.1", 8999)
     assert find_server([(["python3", "-m", "server.cli", "serve"], {"CONTEXTSPAN_PORT": "8100"})]) == Listen(
         "127.0.0.1", 8100)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def health(pid: int) -> subprocess.CompletedProcess[str]:
