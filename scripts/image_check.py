@@ -14,7 +14,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,21 @@ def inspect(docker: str, what: str, fmt: str) -> str:
     return run([docker, "inspect", "-f", fmt, what], quiet=True).stdout.strip()
 
 
+def wait_ready(url: str, container_running: Callable[[], bool]) -> float:
+    """/readyz answers 200 once the model is loaded and calibrated (healthy only says the process is up)."""
+    started = time.monotonic()
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=5) as response:
+                if response.status == 200:
+                    return time.monotonic() - started
+        except OSError:
+            pass
+        if not container_running() or time.monotonic() - started > HEALTHY_WITHIN_S:
+            raise CheckFailed(f"{url}/readyz not 200 within {HEALTHY_WITHIN_S} s")
+        time.sleep(1)
+
+
 def wait_healthy(docker: str, container: str) -> float:
     started = time.monotonic()
     while (status := inspect(docker, container, "{{.State.Health.Status}}")) != "healthy":
@@ -195,6 +211,8 @@ def check_image(docker: str, base: str, ca: Path | None) -> dict[str, Any]:
     try:
         step(f"waiting for {name} to be healthy (port {port})")
         healthy_s = wait_healthy(docker, name)
+        ready_s = wait_ready(f"http://127.0.0.1:{port}",
+                             lambda: inspect(docker, name, "{{.State.Running}}") == "true")
         uid = run([docker, "exec", name, "id", "-u"], quiet=True).stdout.strip()
         secrets = run([docker, "exec", name, "sh", "-c", "ls -A /run/secrets 2>/dev/null | wc -l"], quiet=True)
         page = run([sys.executable, "-c", f"import urllib.request; print(urllib.request.urlopen("
@@ -210,7 +228,8 @@ def check_image(docker: str, base: str, ca: Path | None) -> dict[str, Any]:
     finally:
         run([docker, "rm", "-f", name], quiet=True, check=False)
     result = {"image": IMAGE, "base": base, "build_s": round(build_s, 1), "size_bytes": size,
-              "size_gb": round(size / 1e9, 2), "healthy_after_s": round(healthy_s, 1), "uid": uid,
+              "size_gb": round(size / 1e9, 2), "healthy_after_s": round(healthy_s, 1),
+              "ready_after_healthy_s": round(ready_s, 1), "uid": uid,
               "secrets_left_in_container": int(secrets.stdout.strip() or 0), "page_served": "<html" in page.lower(),
               "recordings": recorded, **talk}
     problems = [text for ok, text in [
