@@ -33,7 +33,7 @@ from frontend_model.moshi_internals.kv_ring import wide_rings
 from frontend_model.moshi_internals.row_sampling import RowSampler, RowSampling, SamplingConfig, Stream
 from frontend_model.moshi_internals.row_view import rows
 from frontend_model.span.block import Block, Prefix
-from frontend_model.span.build import MIN_SPAN_FRAMES, SpanBuild, build_span, forbidden_ids
+from frontend_model.span.build import MIN_SPAN_FRAMES, SpanBuild, build_span
 
 DEFAULT_MAX_SPAN_FRAMES = 640
 NO_FRAME_BUDGET = "no_frame_budget"
@@ -151,7 +151,7 @@ class Engine:
         # Most frames a span may have so that its prefill and the next step keep the frame slot (fixed per engine).
         self.prefill_mode = prefill
         self.span_frame_cap = cost.max_frames(frame_budget_s, max_span_frames, prefill) if cost else max_span_frames
-        self._forbidden = forbidden_ids(model.tokenizer, model.span)
+        self._forbidden = model.agent_text.non_text
         suppressed = sorted(model.suppressed_text_ids)
         self._suppressed = torch.tensor(suppressed, device=model.device) if suppressed else None
         self.lm_gen = LMGen(

@@ -22,6 +22,7 @@ from frontend_model.engine.calibration import calibrate_prefill
 from frontend_model.engine.engine import no_span_budget_warning
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel
+from frontend_model.moshi_internals.row_sampling import RowSampling
 from frontend_model.span.build import MIN_SPAN_FRAMES
 from server.offline.stack import ModelSession
 from server.ops.recording import StereoWavWriter
@@ -53,8 +54,11 @@ class OfflineResult:
 
 class OfflineSession:
     def __init__(self, model: LoadedModel, backend: Backend, settings: ServerSettings,
-                 ret_frames: set[int] | None = None, realtime: bool = False) -> None:
+                 ret_frames: set[int] | None = None, realtime: bool = False,
+                 sampling: RowSampling | None = None) -> None:
+        """`sampling` with its seeds repeats a live session's draws (the checkpoint's, with fresh seeds, when None)."""
         self.model = model
+        self.sampling = sampling
         self.backend = backend
         self.settings = settings
         self.ret_frames = ret_frames or set()
@@ -84,7 +88,7 @@ class OfflineSession:
         retrieval = self.backend.retrieval_for("offline", "offline", self._on_answer, self.emit,
                                                lambda: self.assembler.stream_time, lambda exc: None, trigger.trigger)
         loop = asyncio.get_running_loop()
-        self.model_session.open(None)
+        self.model_session.open(None, self.sampling)
         start = time.perf_counter()
         try:
             for i, frame in enumerate(self.assembler.push(pcm)):
@@ -102,8 +106,8 @@ class OfflineSession:
                     self.emit(p.Retrieval(t=t, frame=i))
                     if retrieval.trigger():
                         self._triggered = time.perf_counter()
-                if token is not None and token not in self.model.span.control_ids and token > 3:
-                    piece = self.model.tokenizer.id_to_piece(token).replace("\u2581", " ")
+                piece = self.model.agent_text.piece(token) if token is not None else None
+                if piece is not None:
                     self.emit(p.AgentText(t=t, text=piece, frame=i))
                 if wav is not None:
                     agent = out.agent_pcm if out.agent_pcm is not None else np.zeros(FRAME_SAMPLES, np.float32)

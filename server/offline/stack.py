@@ -8,6 +8,7 @@ from frontend_model.engine.chunked_prefill import SpanPrefill
 from frontend_model.engine.codec import FrameCodec
 from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, Engine, PrefillCost
 from frontend_model.loading.loader import LoadedModel
+from frontend_model.moshi_internals.row_sampling import RowSampling
 from frontend_model.span.block import Prefix
 from server.session.spans import FrameOutput, SpanOutcome, SpanRequest, inject_span, span_request
 from server.wire.frame_clock import InputFrame
@@ -31,10 +32,13 @@ class ModelSession:
         self.engine = Engine(model, cost=cost, frame_budget_s=frame_budget_s, max_span_frames=max_span_frames,
                              prefill=SpanPrefill.FASTER)
 
-    def open(self, prefix: Prefix | None) -> float:
-        """Start the streams and prefill the persona; returns the prefill time in seconds."""
+    def open(self, prefix: Prefix | None, sampling: RowSampling | None = None) -> float:
+        """Start the streams with `sampling` (the engine's default, with fresh seeds, when None) and prefill the
+        persona; returns the prefill time in seconds."""
         self.codec.open()
         self.engine.start()
+        if sampling is not None and self.engine.sampler is not None:
+            self.engine.sampler.set_row(0, sampling)
         if prefix is None:
             return 0.0
         start = time.perf_counter()

@@ -46,8 +46,6 @@ from server.wire.outbound import OutboundQueue, Outgoing
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("contextspan.server")
 
-_SKIPPED_TEXT_IDS = frozenset(range(4))
-
 
 def new_session_id() -> str:
     return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
@@ -479,11 +477,8 @@ class Session:
         if token == span.ret_id:
             self._retrieve(frame, t)
             return
-        tokenizer = self.model.tokenizer
-        if token in _SKIPPED_TEXT_IDS or token in span.control_ids or tokenizer.is_byte(token):
-            return
-        piece = tokenizer.id_to_piece(token).replace("\u2581", " ")
-        if not piece:
+        piece = self.model.agent_text.piece(token)
+        if piece is None:
             return
         self.outbound.put(Outgoing("binary", p.text_message(piece)))
         self.emit(p.AgentText(t=t, text=piece, frame=frame))
