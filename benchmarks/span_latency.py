@@ -20,9 +20,10 @@ import torch
 from moshi.models.lm import LMGen
 
 from benchmarks.report import add_max_span_flag, machine_info, save_json
+from frontend_model.engine.calibration import device_sync, time_call
 from frontend_model.engine.chunked_prefill import SpanPrefill, chunk_sizes, power_of_two_chunks
 from frontend_model.engine.codec import FrameCodec
-from frontend_model.engine.engine import GREEDY, Engine, device_sync, time_call
+from frontend_model.engine.engine import GREEDY, Engine
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.loading.profiles import PROFILES

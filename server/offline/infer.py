@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from frontend_model.engine.calibration import calibrate_prefill
-from frontend_model.engine.engine import no_span_budget_warning
+from frontend_model.engine.calibration import calibrate_prefill, no_span_budget_warning
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.row_sampling import RowSampling
@@ -28,7 +27,7 @@ from server.offline.stack import ModelSession
 from server.ops.recording import StereoWavWriter
 from server.session.backend import Backend
 from server.session.retrieval import SpanAnswer
-from server.session.spans import SpanOutcome, SpanRequest, span_event
+from server.session.spans import SpanOutcome, SpanRequest, dropped, span_event, span_request
 from server.session.trigger import resolve_trigger
 from server.settings import ServerSettings
 from server.wire import protocol as p
@@ -78,8 +77,7 @@ class OfflineSession:
         self.result.events.append(event)
 
     def _on_answer(self, answer: SpanAnswer) -> None:
-        self._span = self.model_session.span_request(answer.text, answer.source, answer.triggered, answer.question,
-                                                     answer.tool, answer.timings_ms)
+        self._span = span_request(answer, self.model_session.prepare_span)
         self._answered[id(self._span)] = time.perf_counter()
 
     async def run(self, pcm: np.ndarray, out_wav: Path | None = None) -> OfflineResult:
@@ -98,9 +96,9 @@ class OfflineSession:
                 span, self._span = self._span, None
                 out = await loop.run_in_executor(None, self.model_session.step, frame, span)
                 t = (i + 1) * FRAME_S
-                if span is not None and out.span is not None:
-                    self.result.spans.append((out.span, self._answered.pop(id(span))))
-                    self.emit(span_event(out.span, t))
+                for outcome in out.spans:
+                    self.result.spans.append((outcome, self._answered.pop(id(outcome.request))))
+                    self.emit(span_event(outcome, t))
                 token = out.text_token
                 if i in self.ret_frames or (token is not None and token == self.model.span.ret_id):
                     self.emit(p.Retrieval(t=t, frame=i))
@@ -130,9 +128,7 @@ class OfflineSession:
         t = self.result.frames * FRAME_S
         now = time.perf_counter()
         if self._span is not None:
-            self.emit(p.SpanDropped(t=t, text=self._span.text, source=self._span.source, tool=self._span.tool,
-                                    question=self._span.question, reason=INPUT_ENDED,
-                                    latency_ms=round((now - self._span.requested) * 1e3, 2)))
+            self.emit(span_event(dropped(self._span, INPUT_ENDED), t))
         elif retrieving:
             self.emit(p.SpanDropped(t=t, text="", reason=INPUT_ENDED,
                                     latency_ms=round((now - self._triggered) * 1e3, 2)))

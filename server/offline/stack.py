@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import time
 
+from frontend_model.engine.calibration import PrefillCost
 from frontend_model.engine.chunked_prefill import SpanPrefill
 from frontend_model.engine.codec import FrameCodec
-from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, Engine, PrefillCost
+from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, Engine
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.row_sampling import RowSampling
 from frontend_model.span.block import Prefix
-from server.session.spans import FrameOutput, SpanOutcome, SpanRequest, inject_span, span_request
+from frontend_model.span.build import SpanBuild
+from server.session.spans import FrameOutput, SpanOutcome, SpanRequest, inject_span
 from server.wire.frame_clock import InputFrame
 
 
@@ -45,10 +47,8 @@ class ModelSession:
         self.engine.prefill(prefix)
         return time.perf_counter() - start
 
-    def span_request(self, text: str, source: str | None, requested: float | None = None,
-                     question: str | None = None, tool: str | None = None,
-                     timings_ms: dict[str, float] | None = None) -> SpanRequest:
-        return span_request(self.engine, text, source, requested, question, tool, timings_ms)
+    def prepare_span(self, text: str) -> SpanBuild:
+        return self.engine.prepare_span(text)
 
     def step(self, frame: InputFrame, span: SpanRequest | None) -> FrameOutput:
         start = time.perf_counter()
@@ -56,7 +56,8 @@ class ModelSession:
         user_codes = self.codec.encode(frame.pcm)
         result = self.engine.step(user_codes)
         agent_pcm = self.codec.decode(result.agent_codes) if result.agent_codes is not None else None
-        return FrameOutput(frame, agent_pcm, result.text_token, time.perf_counter() - start, outcome)
+        return FrameOutput(frame, agent_pcm, result.text_token, time.perf_counter() - start,
+                           (outcome,) if outcome is not None else ())
 
     def _inject(self, request: SpanRequest) -> SpanOutcome:
         return inject_span(request, self.span_deadline_s, self.engine.steps, lambda: self.engine.offset,

@@ -14,8 +14,7 @@ import websockets
 from prometheus_client import Histogram
 
 from contextspan_client.client import chat_url, stream
-from frontend_model.engine.calibration import TickCost
-from frontend_model.engine.engine import PrefillCost
+from frontend_model.engine.calibration import PrefillCost, TickCost
 from frontend_model.loading.loader import load_model
 from server.app import routes as app_module
 from server.wire import protocol as p

@@ -17,7 +17,8 @@ def model(request: pytest.FixtureRequest) -> LoadedModel:
 
 def test_padding_markers_and_byte_pieces_are_never_text(model: LoadedModel) -> None:
     tok, span, text = model.tokenizer, model.span, model.agent_text
-    assert {tok.unk_id(), tok.bos_id(), tok.eos_id(), span.text_pad_id, model.lm.end_of_text_padding_id} <= text.non_text
+    padding = {span.text_pad_id, model.lm.end_of_text_padding_id}
+    assert {tok.unk_id(), tok.bos_id(), tok.eos_id(), *padding} <= text.non_text
     assert span.control_ids <= text.non_text
     for byte in range(256):
         assert text.piece(tok.piece_to_id(f"<0x{byte:02X}>")) is None
