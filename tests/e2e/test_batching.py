@@ -100,9 +100,9 @@ def test_a_joining_session_ends_its_frames_with_the_others(tmp_path: Path, speec
         arrivals: dict[int, list[float]] = {0: [], 1: []}
         step = batcher.step
 
-        async def recording_step(slot: int, frame, span):  # type: ignore[no-untyped-def]
+        async def recording_step(slot: int, frame):  # type: ignore[no-untyped-def]
             arrivals[slot].append(frame.arrived)
-            return await step(slot, frame, span)
+            return await step(slot, frame)
 
         batcher.step = recording_step  # type: ignore[method-assign]
         pcm = speech[: 3 * 24000]

@@ -32,9 +32,9 @@ def test_a_live_session_and_infer_write_the_same_transcript_of_the_same_frames(s
         assert batcher is not None
         step = batcher.step
 
-        async def recording_step(slot: int, frame: Any, *rest: Any) -> Any:
+        async def recording_step(slot: int, frame: Any) -> Any:
             stepped.append(frame.pcm.copy())
-            return await step(slot, frame, *rest)
+            return await step(slot, frame)
 
         batcher.step = recording_step  # type: ignore[method-assign]
         live = asyncio.run(stream(chat_url(running.ws, events=True, **SEEDS), speech[: 3 * SAMPLE_RATE]))
