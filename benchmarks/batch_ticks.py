@@ -14,9 +14,10 @@ import torch
 from benchmarks.report import add_max_span_flag, machine_info, save_json
 from benchmarks.span_latency import span_of_frames, summarise
 from frontend_model.engine.batch_engine import BatchEngine
+from frontend_model.engine.calibration import device_sync, time_call
 from frontend_model.engine.chunked_prefill import SpanPrefill
 from frontend_model.engine.codec import BatchFrameCodec
-from frontend_model.engine.engine import GREEDY, device_sync, time_call
+from frontend_model.engine.engine import GREEDY
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.loading.profiles import PROFILES

@@ -20,14 +20,16 @@ import torch
 from moshi.models.lm import LMGen
 
 from benchmarks.report import add_max_span_flag, machine_info, save_json
+from frontend_model.engine.calibration import device_sync, time_call
 from frontend_model.engine.chunked_prefill import SpanPrefill, chunk_sizes, power_of_two_chunks
 from frontend_model.engine.codec import FrameCodec
-from frontend_model.engine.engine import GREEDY, Engine, device_sync, time_call
+from frontend_model.engine.engine import GREEDY, Engine
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.loading.profiles import PROFILES
 from frontend_model.span.block import Block
-from frontend_model.span.build import forbidden_ids, frames_block, placeholder_rows, tokenize_data_text
+from frontend_model.span.build import frames_block, placeholder_rows, tokenize_data_text
+from frontend_model.span.text_ids import non_text_ids
 
 SPAN_TEXT = (
     "According to the knowledge base, the museum opens every day except Tuesday from nine in the morning until "
@@ -38,7 +40,7 @@ WARM_STEPS = 8
 
 def span_of_frames(model: LoadedModel, frames: int) -> Block:
     """A real text span of exactly `frames` frames: open, normalised text tokens, close."""
-    _, ids = tokenize_data_text(SPAN_TEXT, model.tokenizer, forbidden_ids(model.tokenizer, model.span))
+    _, ids = tokenize_data_text(SPAN_TEXT, model.tokenizer, non_text_ids(model.tokenizer, model.span))
     body = (ids * (frames // max(len(ids), 1) + 1))[: max(frames - 2, 0)]
     row = ([model.span.open_id, *body, model.span.close_id])[:frames]
     return frames_block(row, *placeholder_rows(model.span, frames))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,7 +28,6 @@ from frontend_model.engine.engine import (
     SAMPLED,
     Engine,
     EngineStateError,
-    PrefillCost,
     SamplingConfig,
     StepResult,
 )
@@ -39,6 +39,9 @@ from frontend_model.moshi_internals.row_sampling import RowSampling
 from frontend_model.moshi_internals.row_view import active_rows, rows
 from frontend_model.moshi_internals.step_undo import Checkpoints, StepCheckpoint
 from frontend_model.span.block import Block, Prefix
+
+if TYPE_CHECKING:
+    from frontend_model.engine.calibration import PrefillCost
 
 logger = logging.getLogger(__name__)
 

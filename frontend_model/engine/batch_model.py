@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -16,12 +17,16 @@ import torch
 from frontend_model.engine.batch_engine import BatchEngine, RowFault
 from frontend_model.engine.chunked_prefill import SpanPrefill
 from frontend_model.engine.codec import BatchFrameCodec
-from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, SAMPLED, PrefillCost, SamplingConfig
+from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, SAMPLED, SamplingConfig
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.graphs import to_host
 from frontend_model.moshi_internals.row_sampling import RowSampling
 from frontend_model.span.block import Block, Prefix
+from frontend_model.span.build import SpanBuild
+
+if TYPE_CHECKING:
+    from frontend_model.engine.calibration import PrefillCost
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,41 @@ class BatchedModel:
 
     def inject(self, slot: int, block: Block) -> None:
         self.engine.inject_slot(slot, block)
+
+    def prepare_span(self, text: str) -> SpanBuild:
+        """Backend text -> a block within the span cap (Engine.prepare_span): CPU work, on any thread."""
+        return self.engine.prepare_span(text)
+
+    def slot_offset(self, slot: int) -> int:
+        """Frames `slot`'s model has consumed: steps plus injected frames."""
+        return self.engine.slot_offset(slot)
+
+    def set_sampling(self, slot: int, sampling: RowSampling, restart: bool) -> None:
+        """A session's new sampling from its next frame on; `restart` when it sent new seeds."""
+        self.engine.set_sampling(slot, sampling, restart)
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The checkpoint's sampling, for the settings a session leaves out."""
+        return self.engine.sampling
+
+    @property
+    def compact(self) -> bool:
+        """Whether a tick steps only the rows from the first to the last with a frame (eager CPU), not the batch."""
+        return self.engine.compact
+
+    @property
+    def max_span_frames(self) -> int:
+        return self.engine.max_span_frames
+
+    @property
+    def span_frame_cap(self) -> int:
+        """Most frames a span may have so that its prefill and the next step keep the frame slot."""
+        return self.engine.span_frame_cap
+
+    def scratch_bytes(self) -> int:
+        """The chunked prefill's scratch row (0 without one), held beside the batch."""
+        return self.engine.chunked.scratch.nbytes() if self.engine.chunked is not None else 0
 
     @torch.no_grad()
     def tick(self, frames: dict[int, np.ndarray]) -> dict[int, SlotOutput | RowFault]:

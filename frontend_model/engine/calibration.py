@@ -4,29 +4,101 @@ sessions by these numbers so that every frame keeps its deadline."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from frontend_model.engine.batch_model import BatchedModel
-from frontend_model.engine.chunked_prefill import SpanPrefill, chunk_sizes
+from frontend_model.engine.chunked_prefill import SpanPrefill, chunk_sizes, power_of_two_chunks
 from frontend_model.engine.device_memory import drop_streaming_state, release_memory
-from frontend_model.engine.engine import (
-    DEFAULT_MAX_SPAN_FRAMES,
-    GREEDY,
-    Engine,
-    PrefillCost,
-    device_sync,
-    interpolate,
-    time_call,
-)
+from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, GREEDY, NO_FRAME_BUDGET, Engine
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.span.block import Block
-from frontend_model.span.build import placeholder_rows
+from frontend_model.span.build import MIN_SPAN_FRAMES, placeholder_rows
 
 logger = logging.getLogger(__name__)
+
+
+def interpolate(table: dict[int, float], x: int) -> float:
+    """Linear interpolation between measured sizes (extrapolated from the last two past the end)."""
+    sizes = sorted(table)
+    lo = max((s for s in sizes if s <= x), default=sizes[0])
+    hi = min((s for s in sizes if s >= x), default=sizes[-1])
+    if lo == hi:
+        if x > sizes[-1] and len(sizes) > 1:
+            lo, hi = sizes[-2], sizes[-1]
+        else:
+            return table[lo]
+    slope = (table[hi] - table[lo]) / (hi - lo)
+    return table[lo] + slope * (x - lo)
+
+
+@dataclass(frozen=True)
+class PrefillCost:
+    """Measured cost of one plain step, of a one-pass span prefill of n frames plus the next step (`span_s`), and of a
+    chunked prefill of one chunk of each power-of-two size plus the next step (`chunk_s`, empty when not measured).
+
+    A chunked prefill of n frames is predicted as its chunks' costs summed, each without its step: that counts the
+    scratch row's copies once per chunk, which errs on the slow side."""
+
+    step_s: float
+    span_s: dict[int, float]
+    chunk_s: dict[int, float] = field(default_factory=dict)
+
+    def chunked(self, frames: int) -> float | None:
+        if not self.chunk_s:
+            return None
+        chunks = power_of_two_chunks(frames, max(self.chunk_s))
+        return self.step_s + sum(self.chunk_s[c] - self.step_s for c in chunks)
+
+    def predict(self, frames: int, mode: SpanPrefill = SpanPrefill.FASTER) -> float:
+        """Seconds of a span of `frames` frames and the next step, written as `mode` writes it."""
+        if frames <= 0:
+            return self.step_s
+        one_pass = interpolate(self.span_s, frames)
+        chunked = self.chunked(frames)
+        if mode is SpanPrefill.ONE_PASS or chunked is None:
+            return one_pass
+        return chunked if mode is SpanPrefill.CHUNKED else min(one_pass, chunked)
+
+    def chunked_faster(self, frames: int) -> bool:
+        chunked = self.chunked(frames)
+        return chunked is not None and chunked < self.predict(frames, SpanPrefill.ONE_PASS)
+
+    def max_frames(self, budget_s: float, ceiling: int, mode: SpanPrefill = SpanPrefill.FASTER) -> int:
+        """Largest n whose prefill and next step fit the budget (0 if even a one-frame span does not)."""
+        best = 0
+        for n in range(MIN_SPAN_FRAMES, ceiling + 1):
+            if self.predict(n, mode) > budget_s:
+                break
+            best = n
+        return best
+
+
+def no_span_budget_warning(cost: PrefillCost, budget_s: float) -> str:
+    """Why a span cap is 0, for the startup log: every span will be dropped with reason `no_frame_budget`."""
+    return (f"no span fits the frame: a {MIN_SPAN_FRAMES}-frame span and the next step were measured at "
+            f"{cost.predict(MIN_SPAN_FRAMES) * 1e3:.1f} ms, over the {budget_s * 1e3:.1f} ms left of the frame budget; "
+            f"every span will be dropped ({NO_FRAME_BUDGET}). Use a faster device, fewer sessions, or --span-cap fixed")
+
+
+
+
+def time_call(fn: Callable[[], object], sync: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+def device_sync(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
 
 
 def calibration_sizes(max_frames: int) -> list[int]:

@@ -26,12 +26,11 @@ from typing import Any
 import torch
 from moshi.models.lm import LMModel
 from moshi.modules.streaming import StreamingModule
-from moshi.modules.transformer import RingKVCache
 from moshi.utils.compile import CUDAGraphed
 
 from frontend_model.engine.columns import forward_last
 from frontend_model.moshi_internals.graphs import ReplayedGraph, replay_outputs
-from frontend_model.moshi_internals.row_view import _streaming_descendants as streaming_descendants
+from frontend_model.moshi_internals.streaming_state import StreamingState, streaming_states
 
 
 class SpanPrefill(Enum):
@@ -68,32 +67,23 @@ class _Pair:
 
     module: StreamingModule
     scratch: Any
-    rows: list[str]  # per-row tensors (first dimension the batch)
-    rings: list[str]  # RingKVCache attributes
-    counters: list[str]  # host values a forward may change (offset_cpu)
+    rows: tuple[str, ...]  # per-row tensors (first dimension the batch)
+    rings: tuple[str, ...]  # RingKVCache attributes
+    counters: tuple[str, ...]  # host values a forward may change (offset_cpu)
 
 
-def _scratch_pair(module: StreamingModule) -> _Pair:
-    state = module._streaming_state
-    batch = state.batch_size  # type: ignore[union-attr]
-    scratch = copy.copy(state)
-    rows: list[str] = []
-    rings: list[str] = []
-    counters: list[str] = []
-    for name, value in vars(state).items():
-        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
-            setattr(scratch, name, value[:1].clone())
-            rows.append(name)
-        elif isinstance(value, RingKVCache):
-            ring = copy.copy(value)
-            ring.cache = value.cache[:, :1].clone()
-            ring.end_offset = value.end_offset[:1].clone()
-            setattr(scratch, name, ring)
-            rings.append(name)
-        elif isinstance(value, int) and not isinstance(value, bool) and name != "batch_size":
-            counters.append(name)
+def _scratch_pair(state: StreamingState) -> _Pair:
+    scratch = copy.copy(state.state)
+    for name in state.rows:
+        setattr(scratch, name, getattr(state.state, name)[:1].clone())
+    for name in state.rings:
+        value = getattr(state.state, name)
+        ring = copy.copy(value)
+        ring.cache = value.cache[:, :1].clone()
+        ring.end_offset = value.end_offset[:1].clone()
+        setattr(scratch, name, ring)
     scratch.batch_size = 1
-    return _Pair(module, scratch, rows, rings, counters)
+    return _Pair(state.module, scratch, state.rows, state.rings, state.counters)
 
 
 class ScratchRow:
@@ -101,7 +91,7 @@ class ScratchRow:
     are captured on."""
 
     def __init__(self, root: StreamingModule) -> None:
-        self.pairs = [_scratch_pair(m) for m in streaming_descendants(root) if m._streaming_state is not None]
+        self.pairs = [_scratch_pair(state) for state in streaming_states([root])]
 
     def tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor of the scratch states (a graph reads them all)."""

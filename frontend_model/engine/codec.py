@@ -1,4 +1,5 @@
-"""Streaming Mimi: 80 ms PCM frames <-> one column of codes, for one conversation."""
+"""Streaming Mimi: 80 ms PCM frames <-> one column of codes, for one conversation (FrameCodec) or for every slot
+of a batch at once (BatchFrameCodec)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 from moshi.models.compression import MimiModel
 from moshi.models.lm import LMModel
-from moshi.modules.streaming import StreamingModule
-from moshi.modules.transformer import RingKVCache, StreamingMultiheadAttention
+from moshi.modules.transformer import StreamingMultiheadAttention
+
+from frontend_model.moshi_internals.streaming_state import streaming_modules, streaming_states
 
 # Share of a device's memory that sessions and weights may take: the rest is the CUDA context, the allocator's
 # slack and a tick's activations.
@@ -74,23 +75,9 @@ def weight_bytes(*modules: torch.nn.Module) -> int:
     return _storage_bytes([t for m in modules for t in (*m.parameters(), *m.buffers())])
 
 
-def _state_tensors(state: object) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    for value in vars(state).values():
-        if isinstance(value, torch.Tensor):
-            out.append(value)
-        elif isinstance(value, RingKVCache):
-            out.extend((value.cache, value.end_offset))
-    return out
-
-
 def streaming_bytes(*modules: torch.nn.Module) -> int:
     """Bytes of the streaming state the modules hold now (0 when not streaming)."""
-    return _storage_bytes([
-        t for root in modules for m in root.modules()
-        if isinstance(m, StreamingModule) and m._streaming_state is not None
-        for t in _state_tensors(m._streaming_state)
-    ])
+    return _storage_bytes([t for state in streaming_states(modules) for t in state.tensors()])
 
 
 def device_total_bytes(device: torch.device) -> int:
@@ -166,9 +153,8 @@ def drop_streaming_state(*modules: torch.nn.Module) -> None:
     """Take every streaming state off the modules: after a failed `streaming()` (moshi leaves the layers it reached
     streaming) or for a model written off."""
     for root in modules:
-        for module in root.modules():
-            if isinstance(module, StreamingModule):
-                module._streaming_state = None
+        for module in streaming_modules(root):
+            module._streaming_state = None
 
 
 def release_model(lm: LMModel, mimi: MimiModel) -> None:
@@ -180,9 +166,7 @@ def release_model(lm: LMModel, mimi: MimiModel) -> None:
     tensors: list[torch.Tensor] = []
     for root in (lm, mimi):
         tensors.extend((*root.parameters(), *root.buffers()))
-        for module in root.modules():
-            if isinstance(module, StreamingModule) and module._streaming_state is not None:
-                tensors.extend(_state_tensors(module._streaming_state))
+    tensors.extend(t for state in streaming_states((lm, mimi)) for t in state.tensors())
     drop_streaming_state(lm, mimi)
     for t in tensors:
         t.data = torch.empty(0, dtype=t.dtype, device=t.device)

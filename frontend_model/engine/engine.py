@@ -15,16 +15,14 @@ a replayed voice prompt; `prefill` runs it in one pass and samples the pending c
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from moshi.models.lm import LMGen
 
-from frontend_model.engine.chunked_prefill import ChunkedPrefill, SpanPrefill, power_of_two_chunks
+from frontend_model.engine.chunked_prefill import ChunkedPrefill, SpanPrefill
 from frontend_model.engine.columns import delayed_columns, embed_columns, forward_last, initial_columns
 from frontend_model.frame import FRAME_S
 from frontend_model.loading.loader import LoadedModel
@@ -33,7 +31,10 @@ from frontend_model.moshi_internals.kv_ring import wide_rings
 from frontend_model.moshi_internals.row_sampling import RowSampler, RowSampling, SamplingConfig, Stream
 from frontend_model.moshi_internals.row_view import rows
 from frontend_model.span.block import Block, Prefix
-from frontend_model.span.build import MIN_SPAN_FRAMES, SpanBuild, build_span, forbidden_ids
+from frontend_model.span.build import MIN_SPAN_FRAMES, SpanBuild, build_span
+
+if TYPE_CHECKING:
+    from frontend_model.engine.calibration import PrefillCost
 
 DEFAULT_MAX_SPAN_FRAMES = 640
 NO_FRAME_BUDGET = "no_frame_budget"
@@ -53,69 +54,6 @@ class StepResult:
 
 GREEDY = SamplingConfig(use_sampling=False)
 SAMPLED = SamplingConfig()
-
-
-def interpolate(table: dict[int, float], x: int) -> float:
-    """Linear interpolation between measured sizes (extrapolated from the last two past the end)."""
-    sizes = sorted(table)
-    lo = max((s for s in sizes if s <= x), default=sizes[0])
-    hi = min((s for s in sizes if s >= x), default=sizes[-1])
-    if lo == hi:
-        if x > sizes[-1] and len(sizes) > 1:
-            lo, hi = sizes[-2], sizes[-1]
-        else:
-            return table[lo]
-    slope = (table[hi] - table[lo]) / (hi - lo)
-    return table[lo] + slope * (x - lo)
-
-
-@dataclass(frozen=True)
-class PrefillCost:
-    """Measured cost of one plain step, of a one-pass span prefill of n frames plus the next step (`span_s`), and of a
-    chunked prefill of one chunk of each power-of-two size plus the next step (`chunk_s`, empty when not measured).
-
-    A chunked prefill of n frames is predicted as its chunks' costs summed, each without its step: that counts the
-    scratch row's copies once per chunk, which errs on the slow side."""
-
-    step_s: float
-    span_s: dict[int, float]
-    chunk_s: dict[int, float] = field(default_factory=dict)
-
-    def chunked(self, frames: int) -> float | None:
-        if not self.chunk_s:
-            return None
-        chunks = power_of_two_chunks(frames, max(self.chunk_s))
-        return self.step_s + sum(self.chunk_s[c] - self.step_s for c in chunks)
-
-    def predict(self, frames: int, mode: SpanPrefill = SpanPrefill.FASTER) -> float:
-        """Seconds of a span of `frames` frames and the next step, written as `mode` writes it."""
-        if frames <= 0:
-            return self.step_s
-        one_pass = interpolate(self.span_s, frames)
-        chunked = self.chunked(frames)
-        if mode is SpanPrefill.ONE_PASS or chunked is None:
-            return one_pass
-        return chunked if mode is SpanPrefill.CHUNKED else min(one_pass, chunked)
-
-    def chunked_faster(self, frames: int) -> bool:
-        chunked = self.chunked(frames)
-        return chunked is not None and chunked < self.predict(frames, SpanPrefill.ONE_PASS)
-
-    def max_frames(self, budget_s: float, ceiling: int, mode: SpanPrefill = SpanPrefill.FASTER) -> int:
-        """Largest n whose prefill and next step fit the budget (0 if even a one-frame span does not)."""
-        best = 0
-        for n in range(MIN_SPAN_FRAMES, ceiling + 1):
-            if self.predict(n, mode) > budget_s:
-                break
-            best = n
-        return best
-
-
-def no_span_budget_warning(cost: PrefillCost, budget_s: float) -> str:
-    """Why a span cap is 0, for the startup log: every span will be dropped with reason `no_frame_budget`."""
-    return (f"no span fits the frame: a {MIN_SPAN_FRAMES}-frame span and the next step were measured at "
-            f"{cost.predict(MIN_SPAN_FRAMES) * 1e3:.1f} ms, over the {budget_s * 1e3:.1f} ms left of the frame budget; "
-            f"every span will be dropped ({NO_FRAME_BUDGET}). Use a faster device, fewer sessions, or --span-cap fixed")
 
 
 class Engine:
@@ -151,7 +89,7 @@ class Engine:
         # Most frames a span may have so that its prefill and the next step keep the frame slot (fixed per engine).
         self.prefill_mode = prefill
         self.span_frame_cap = cost.max_frames(frame_budget_s, max_span_frames, prefill) if cost else max_span_frames
-        self._forbidden = forbidden_ids(model.tokenizer, model.span)
+        self._forbidden = model.agent_text.non_text
         suppressed = sorted(model.suppressed_text_ids)
         self._suppressed = torch.tensor(suppressed, device=model.device) if suppressed else None
         self.lm_gen = LMGen(
@@ -390,16 +328,3 @@ class Engine:
         state = self._state()
         state.offsets[lo:hi] += frames
         state.offset_cpu += frames
-
-
-def time_call(fn: Callable[[], object], sync: Callable[[], None]) -> float:
-    start = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - start
-
-
-def device_sync(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None

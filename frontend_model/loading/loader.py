@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import sentencepiece
 import torch
@@ -46,6 +47,7 @@ from frontend_model.span.config import (
     SpanConfig,
 )
 from frontend_model.span.placeholders import compute_placeholder_codes
+from frontend_model.span.text_ids import AgentText
 from frontend_model.span.voice_prompt import VoicePrompt
 
 logger = logging.getLogger(__name__)
@@ -68,6 +70,11 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         return self.lm.device
+
+    @cached_property
+    def agent_text(self) -> AgentText:
+        """Which of this checkpoint's text ids are text; built once, since it walks the vocabulary."""
+        return AgentText(self.tokenizer, self.span)
 
 
 def default_device() -> str:

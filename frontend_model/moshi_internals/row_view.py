@@ -10,7 +10,6 @@ offsets, a conv's `first` flags, step counters) is written back into those rows 
 from __future__ import annotations
 
 import copy
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from moshi.modules.streaming import StreamingModule
 from moshi.modules.transformer import RingKVCache
+
+from frontend_model.moshi_internals.streaming_state import StreamingState, streaming_states
 
 
 def _kv_rows(cache: RingKVCache, lo: int, hi: int) -> RingKVCache:
@@ -29,46 +30,33 @@ def _kv_rows(cache: RingKVCache, lo: int, hi: int) -> RingKVCache:
 
 @dataclass
 class _Swap:
-    module: StreamingModule
-    state: object
+    state: StreamingState
     view: object
     sliced: dict[str, torch.Tensor]
 
 
-def _view_of(module: StreamingModule, lo: int, hi: int) -> _Swap:
-    state = module._streaming_state
-    batch = state.batch_size  # type: ignore[union-attr]
-    view = copy.copy(state)
+def _view_of(state: StreamingState, lo: int, hi: int) -> _Swap:
+    view = copy.copy(state.state)
     sliced: dict[str, torch.Tensor] = {}
-    for name, value in vars(state).items():
-        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
-            sliced[name] = value[lo:hi]
-            setattr(view, name, sliced[name])
-        elif isinstance(value, RingKVCache):
-            setattr(view, name, _kv_rows(value, lo, hi))
+    for name in state.rows:
+        sliced[name] = getattr(state.state, name)[lo:hi]
+        setattr(view, name, sliced[name])
+    for name in state.rings:
+        setattr(view, name, _kv_rows(getattr(state.state, name), lo, hi))
     view.batch_size = hi - lo  # type: ignore[attr-defined]
-    return _Swap(module, state, view, sliced)
+    return _Swap(state, view, sliced)
 
 
 def _write_back(swap: _Swap, lo: int, hi: int) -> None:
+    original = swap.state.state
     for name, value in vars(swap.view).items():
         if name == "batch_size":
             continue
         if name in swap.sliced:
             if value is not swap.sliced[name]:
-                getattr(swap.state, name)[lo:hi] = value
-        elif not isinstance(value, RingKVCache) and value is not getattr(swap.state, name):
-            setattr(swap.state, name, value)
-
-
-_DESCENDANTS: weakref.WeakKeyDictionary[StreamingModule, list[StreamingModule]] = weakref.WeakKeyDictionary()
-
-
-def _streaming_descendants(root: StreamingModule) -> list[StreamingModule]:
-    """Walking a model's modules costs about a millisecond on CPU, three times a tick: walk each root once."""
-    if root not in _DESCENDANTS:
-        _DESCENDANTS[root] = [m for m in root.modules() if isinstance(m, StreamingModule)]
-    return _DESCENDANTS[root]
+                getattr(original, name)[lo:hi] = value
+        elif name not in swap.state.rings and value is not getattr(original, name):
+            setattr(original, name, value)
 
 
 @contextmanager
@@ -80,15 +68,14 @@ def rows(modules: list[StreamingModule], lo: int, hi: int) -> Iterator[None]:
     if (lo, hi) == (0, batch):
         yield
         return
-    swaps = [_view_of(m, lo, hi) for root in modules for m in _streaming_descendants(root)
-             if m._streaming_state is not None]
+    swaps = [_view_of(state, lo, hi) for state in streaming_states(modules)]
     try:
         for swap in swaps:
-            swap.module._streaming_state = swap.view  # type: ignore[assignment]
+            swap.state.module._streaming_state = swap.view  # type: ignore[assignment]
         yield
     finally:
         for swap in swaps:
-            swap.module._streaming_state = swap.state  # type: ignore[assignment]
+            swap.state.module._streaming_state = swap.state.state
             _write_back(swap, lo, hi)
 
 

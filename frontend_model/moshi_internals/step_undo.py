@@ -21,9 +21,8 @@ from typing import Any
 
 import torch
 from moshi.modules.streaming import StreamingModule
-from moshi.modules.transformer import RingKVCache
 
-from frontend_model.moshi_internals.row_view import _streaming_descendants as streaming_descendants
+from frontend_model.moshi_internals.streaming_state import streaming_states
 
 
 @dataclass(frozen=True)
@@ -35,19 +34,14 @@ class _Layout:
 def _layout(roots: list[StreamingModule], extra: list[tuple[Any, str]]) -> _Layout:
     tensors: dict[torch.dtype, list[tuple[Any, str]]] = defaultdict(list)
     ints: list[tuple[Any, str]] = []
-    for root in roots:
-        for module in streaming_descendants(root):
-            state = module._streaming_state
-            if state is None:  # the depformer streams within each step only
-                continue
-            for name, value in vars(state).items():
-                if isinstance(value, RingKVCache):
-                    tensors[value.end_offset.dtype].append((value, "end_offset"))
-                elif (isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == state.batch_size
-                      and name != "exec_mask"):
-                    tensors[value.dtype].append((state, name))
-                elif name == "offset_cpu":
-                    ints.append((state, name))
+    for state in streaming_states(roots):
+        for name in state.rings:
+            ring = getattr(state.state, name)
+            tensors[ring.end_offset.dtype].append((ring, "end_offset"))
+        for name in state.rows:
+            if name != "exec_mask":
+                tensors[getattr(state.state, name).dtype].append((state.state, name))
+        ints.extend((state.state, name) for name in state.counters)
     for holder, name in extra:
         tensors[getattr(holder, name).dtype].append((holder, name))
     return _Layout(dict(tensors), ints)

@@ -11,9 +11,9 @@ import torch
 from frontend_model.span.block import Block, Prefix
 from frontend_model.span.config import SpanConfig
 from frontend_model.span.normaliser import normalise_text
+from frontend_model.span.text_ids import WORD_START, non_text_ids
 from frontend_model.span.voice_prompt import VoicePrompt
 
-WORD_START = "\u2581"
 MIN_SPAN_FRAMES = 3  # open, one token, close
 
 
@@ -31,15 +31,6 @@ class SpanBuild:
     @property
     def frames(self) -> int:
         return self.block.frames if self.block is not None else 0
-
-
-def forbidden_ids(tokenizer: sentencepiece.SentencePieceProcessor, span: SpanConfig) -> frozenset[int]:
-    """Ids backend text may never produce: the span and retrieval ids, control pieces and byte fallbacks."""
-    special = {
-        i for i in range(tokenizer.vocab_size())
-        if tokenizer.is_byte(i) or tokenizer.is_control(i) or tokenizer.is_unknown(i)
-    }
-    return frozenset(special | span.control_ids)
 
 
 def tokenize_data_text(
@@ -91,7 +82,7 @@ def build_span(
     """Backend text -> `[open] + tokens + [close]` with silence on agent rows and sine on user rows."""
     if max_frames < MIN_SPAN_FRAMES:
         raise ValueError(f"max_frames must leave room for open, one token and close, got {max_frames}")
-    forbidden = forbidden if forbidden is not None else forbidden_ids(tokenizer, span)
+    forbidden = forbidden if forbidden is not None else non_text_ids(tokenizer, span)
     normalised, ids = tokenize_data_text(text, tokenizer, forbidden)
     if not ids:
         reason = "empty text" if not text.strip() else "nothing left after removing control text"
@@ -155,7 +146,7 @@ def build_prefix(
     One text token a frame with silence on the agent rows and the sine on the user rows; `span.prefix_silence_frames`
     silence frames after the voice and after the text. `delays` (the LM's) place an embeddings voice prompt.
     """
-    forbidden = forbidden if forbidden is not None else forbidden_ids(tokenizer, span)
+    forbidden = forbidden if forbidden is not None else non_text_ids(tokenizer, span)
     embeddings = carry = None
     parts: list[Block] = []
     if voice is not None:

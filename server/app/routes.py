@@ -18,7 +18,13 @@ from starlette.websockets import WebSocketDisconnect
 
 from frontend_model.engine.batch_engine import RowFault
 from frontend_model.engine.batch_model import BatchedModel
-from frontend_model.engine.calibration import TickCost, calibrate_prefill, calibrate_ticks, tick_sizes
+from frontend_model.engine.calibration import (
+    TickCost,
+    calibrate_prefill,
+    calibrate_ticks,
+    no_span_budget_warning,
+    tick_sizes,
+)
 from frontend_model.engine.chunked_prefill import SpanPrefill
 from frontend_model.engine.device_memory import (
     DeviceMemory,
@@ -29,7 +35,6 @@ from frontend_model.engine.device_memory import (
     set_device,
     weight_bytes,
 )
-from frontend_model.engine.engine import no_span_budget_warning
 from frontend_model.loading.loader import LoadedModel, ModelLoadError, default_device, load_model
 from frontend_model.span.build import MIN_SPAN_FRAMES
 from server.batching.batcher import Batcher
@@ -173,13 +178,12 @@ async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWor
     batched = BatchedModel(model, admitted.slots, max_span_frames=settings.max_span_frames, cost=cost.prefill,
                            frame_budget_s=span_budget_s if settings.span_cap == "calibrated" else math.inf,
                            prefill=SpanPrefill.FASTER)
-    if batched.engine.span_frame_cap < MIN_SPAN_FRAMES:
+    if batched.span_frame_cap < MIN_SPAN_FRAMES:
         logger.warning(no_span_budget_warning(cost.prefill, span_budget_s))
     await worker.run(batched.start)
     await worker.run(batched.warm_up)
     per_session = session_bytes(model.lm, model.mimi, settings.max_span_frames).total
-    chunked = batched.engine.chunked
-    scratch = chunked.scratch.nbytes() if chunked is not None else 0
+    scratch = batched.scratch_bytes()
     state.memory = await worker.run(lambda: device_memory(model.lm, model.mimi, per_session, scratch))
     batcher = Batcher(batched, worker, cost, admitted, budget_s, settings.span_deadline_s, state.metrics)
     batcher.start()

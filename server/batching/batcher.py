@@ -1,9 +1,11 @@
 """Every session's frames go through one batched model: slots, the tick loop, and span scheduling per tick.
 
-Sessions hand their next frame (and the span to inject before it, if any) to `step` and await its output. The
-tick loop, on the event loop, decides with the TickScheduler when to run a tick over the frames waiting and which
-spans fit its budget, and runs it on the model worker. A span that does not fit comes back `deferred` for the
-session's next frame. A failure in one slot's own work (its frame, its span) fails that session only, and so does a
+Sessions hand their next frame to `step` and await its output. A span (a retrieval's answer, an app's text) goes
+to `request_span`: from then on the batcher alone holds it, as its slot's span, until it is injected or dropped, and
+reports that outcome with the slot's next frame output. The tick loop, on the event loop, decides with the
+TickScheduler when to run a tick over the frames waiting and which spans fit its budget, and runs it on the model
+worker; a span that does not fit stays the slot's span for a later tick. A newer span replaces one still waiting
+(reported superseded). A failure in one slot's own work (its frame, its span) fails that session only, and so does a
 failure of its row inside the batched step (BatchEngine isolates it: the other sessions get their frames, their
 state untouched). Only a failure no single row explains (the step fails for any rows, the codec fails) fails every
 session in that tick.
@@ -16,7 +18,7 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -29,7 +31,8 @@ from frontend_model.span.block import Prefix
 from server.batching.tick_scheduler import Capacity, TickScheduler, Waiting
 from server.batching.worker import ModelWorker
 from server.ops.metrics import Metrics
-from server.session.spans import FrameOutput, SpanOutcome, SpanRequest, inject_span, span_request
+from server.session.retrieval import SpanAnswer
+from server.session.spans import FrameOutput, SpanOutcome, SpanRequest, dropped, inject_span, span_request
 from server.wire.frame_clock import InputFrame
 
 logger = logging.getLogger(__name__)
@@ -42,8 +45,17 @@ class BadFrame(ValueError):
 @dataclass
 class _Pending:
     frame: InputFrame
-    span: SpanRequest | None
     future: asyncio.Future[FrameOutput]
+
+
+@dataclass
+class _SlotSpans:
+    """A slot's span waiting for a frame boundary, the ticks it was put off, and the outcomes its session has not
+    been told yet."""
+
+    waiting: SpanRequest | None = None
+    deferred_ticks: int = 0
+    settled: list[SpanOutcome] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -67,12 +79,12 @@ class Batcher:
         self.capacity = capacity
         self.span_deadline_s = span_deadline_s
         self.metrics = metrics
-        self.scheduler = TickScheduler(budget_s, cost.tick, cost.span, model.slots, model.engine.compact)
+        self.scheduler = TickScheduler(budget_s, cost.tick, cost.span, model.slots, model.compact)
         self._free = list(range(model.slots - 1, -1, -1))
         self._active: set[int] = set()
         self._pending: dict[int, _Pending] = {}
         self._in_flight: dict[int, _Pending] = {}
-        self._deferrals: dict[int, tuple[SpanRequest, int]] = {}  # slot -> its span put off, and how many times
+        self._spans: dict[int, _SlotSpans] = {}  # slot -> its spans, while a session holds the slot
         self._arrivals: dict[int, float] = {}  # slot -> when its latest frame arrived
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -108,24 +120,25 @@ class Batcher:
     @property
     def sampling(self) -> SamplingConfig:
         """The checkpoint's sampling, for the settings a session leaves out."""
-        return self.model.engine.sampling
+        return self.model.sampling
 
     async def open(self, slot: int, prefix: Prefix | None, sampling: RowSampling | None = None) -> float:
         """Fresh state for `slot` with its sampling and its persona prefilled, on the worker between ticks; returns
         prefill seconds."""
         prefill_s = await self.worker.run(lambda: self.model.open_slot(slot, prefix, sampling))
         self._active.add(slot)
+        self._spans[slot] = _SlotSpans()
         return prefill_s
 
     async def set_sampling(self, slot: int, sampling: RowSampling, restart: bool) -> None:
         """New sampling for `slot` from its next frame on, set on the worker between ticks."""
-        await self.worker.run(lambda: self.model.engine.set_sampling(slot, sampling, restart))
+        await self.worker.run(lambda: self.model.set_sampling(slot, sampling, restart))
 
     def release(self, slot: int) -> None:
         """The session is gone: its slot stops counting for ticks and is free for the next session, whose `open`
         queues behind any tick in flight on the worker."""
         self._active.discard(slot)
-        self._deferrals.pop(slot, None)
+        self._spans.pop(slot, None)
         self._arrivals.pop(slot, None)
         pending = self._pending.pop(slot, None)
         if pending is not None:
@@ -133,14 +146,33 @@ class Batcher:
         self._free.append(slot)
         self._wake.set()
 
-    def span_request(self, text: str, source: str | None, requested: float | None = None,
-                     question: str | None = None, tool: str | None = None,
-                     timings_ms: dict[str, float] | None = None) -> SpanRequest:
-        return span_request(self.model.engine, text, source, requested, question, tool, timings_ms)
+    # spans --------------------------------------------------------------------------------------------------
+    def request_span(self, slot: int, answer: SpanAnswer) -> None:
+        """`answer` becomes `slot`'s span, injected in the next tick that steps the slot's frame and has room for it
+        (a newer answer replaces one still waiting). The block is built now, on the event loop; the outcome comes
+        with one of the slot's frame outputs (`FrameOutput.spans`). Nothing happens for a slot no session holds."""
+        spans = self._spans.get(slot)
+        if spans is None:
+            return
+        request = span_request(answer, self.model.prepare_span)
+        if spans.waiting is not None:
+            spans.settled.append(dropped(spans.waiting, "superseded"))
+        spans.waiting, spans.deferred_ticks = request, 0
+        self._wake.set()  # the next tick's plan may change with it
+
+    def close_spans(self, slot: int, reason: str) -> list[SpanOutcome]:
+        """The outcomes `slot`'s session has not been told yet, its waiting span dropped with `reason` among them;
+        the slot takes no more spans until it is opened again."""
+        spans = self._spans.pop(slot, None)
+        if spans is None:
+            return []
+        if spans.waiting is not None:
+            spans.settled.append(dropped(spans.waiting, reason))
+        return spans.settled
 
     @property
     def max_prefix_frames(self) -> int:
-        return self.model.engine.max_span_frames
+        return self.model.max_span_frames
 
     # frames -------------------------------------------------------------------------------------------------
     def until_grid_s(self, slot: int) -> float | None:
@@ -151,11 +183,12 @@ class Batcher:
             return None
         return (max(others) - time.perf_counter()) % FRAME_S
 
-    async def step(self, slot: int, frame: InputFrame, span: SpanRequest | None) -> FrameOutput:
-        """The output for `frame`, computed in the next tick that takes it; one frame per slot at a time."""
+    async def step(self, slot: int, frame: InputFrame) -> FrameOutput:
+        """The output for `frame`, computed in the next tick that takes it (with the slot's span before it, if it
+        fits); one frame per slot at a time."""
         if slot in self._pending:
             raise RuntimeError(f"slot {slot} already has a frame waiting")
-        self._pending[slot] = _Pending(frame, span, asyncio.get_running_loop().create_future())
+        self._pending[slot] = _Pending(frame, asyncio.get_running_loop().create_future())
         self._arrivals[slot] = frame.arrived
         self._wake.set()
         # No local may hold the future: its error's traceback holds this frame.
@@ -185,10 +218,9 @@ class Batcher:
         plan = self.scheduler.plan_spans(time.perf_counter(), waiting)
         if plan.defer:
             self.metrics.spans_deferred.inc(len(plan.defer))
-        waited = self._count_deferrals(taken, plan.defer)
-        frames = {slot: (p.frame, p.span) for slot, p in taken.items()}
+        frames = {slot: (p.frame, self._take_span(slot, slot in plan.defer)) for slot, p in taken.items()}
         try:
-            results = await self.worker.run(lambda f=frames, d=set(plan.defer), w=waited: self._tick(f, d, w))
+            results = await self.worker.run(lambda f=frames: self._tick(f))
         except Exception as exc:  # the batched forward failed, or the worker was restarted under it
             self._in_flight = {}
             for pending in taken.values():
@@ -204,44 +236,47 @@ class Batcher:
             if result.error is not None:
                 pending.future.set_exception(result.error)
             else:
-                pending.future.set_result(result.output)  # type: ignore[arg-type]
+                pending.future.set_result(self._with_settled(slot, result.output))  # type: ignore[arg-type]
 
     def _waiting(self, slot: int, pending: _Pending) -> Waiting:
-        span = pending.span
-        if span is None:
+        spans = self._spans.get(slot)
+        span = spans.waiting if spans is not None else None
+        if spans is None or span is None:
             return Waiting(slot, pending.frame.arrived)
-        frames = span.built.frames if span.built.block is not None else 0
-        return Waiting(slot, pending.frame.arrived, frames, span.requested, self._deferred_ticks(slot, span))
+        return Waiting(slot, pending.frame.arrived, span.built.frames, span.requested, spans.deferred_ticks)
 
-    def _deferred_ticks(self, slot: int, span: SpanRequest) -> int:
-        known = self._deferrals.get(slot)
-        return known[1] if known is not None and known[0] is span else 0
+    def _take_span(self, slot: int, defer: bool) -> tuple[SpanRequest, int] | None:
+        """The span going in before `slot`'s frame this tick, with the ticks it was put off; None when it has none
+        or it is put off once more."""
+        spans = self._spans.get(slot)
+        if spans is None or spans.waiting is None:
+            return None
+        if defer:
+            spans.deferred_ticks += 1
+            return None
+        taken, spans.waiting = (spans.waiting, spans.deferred_ticks), None
+        spans.deferred_ticks = 0
+        return taken
 
-    def _count_deferrals(self, taken: dict[int, _Pending], defer: list[int]) -> dict[int, int]:
-        """Counts this tick's deferrals; returns, for each span going in now, the ticks it was put off."""
-        waited: dict[int, int] = {}
-        for slot, pending in taken.items():
-            if pending.span is None:
-                continue
-            if slot in defer:
-                self._deferrals[slot] = (pending.span, self._deferred_ticks(slot, pending.span) + 1)
-            else:
-                waited[slot] = self._deferred_ticks(slot, pending.span)
-                self._deferrals.pop(slot, None)
-        return waited
+    def _with_settled(self, slot: int, output: FrameOutput) -> FrameOutput:
+        """The slot's output with the outcomes settled outside the tick (superseded spans) before its own."""
+        spans = self._spans.get(slot)
+        if spans is None or not spans.settled:
+            return output
+        settled, spans.settled = spans.settled, []
+        return replace(output, spans=(*settled, *output.spans))
 
     # on the worker thread -----------------------------------------------------------------------------------
-    def _tick(self, frames: dict[int, tuple[InputFrame, SpanRequest | None]], defer: set[int],
-              waited: dict[int, int]) -> dict[int, _SlotResult]:
+    def _tick(self, frames: dict[int, tuple[InputFrame, tuple[SpanRequest, int] | None]]) -> dict[int, _SlotResult]:
+        """`frames`: slot -> its frame and the span going in before it (with the ticks it was put off)."""
         start, start_cpu = time.perf_counter(), time.thread_time()
         failed: dict[int, _SlotResult] = {}
-        outcomes: dict[int, SpanOutcome | None] = {}
+        outcomes: dict[int, tuple[SpanOutcome, ...]] = {}
         pcm: dict[int, np.ndarray] = {}
         for slot, (frame, span) in frames.items():
             try:
                 pcm[slot] = self._slot_frame(frame)
-                outcomes[slot] = (self._slot_span(slot, span, waited.get(slot, 0))
-                                  if span is not None and slot not in defer else None)
+                outcomes[slot] = (self._slot_span(slot, *span),) if span is not None else ()
             except Exception as exc:
                 logger.exception("slot %d failed before the tick", slot)
                 # Logged with its traceback; handed on without it: the traceback's frames (this one by f_back)
@@ -258,10 +293,8 @@ class Batcher:
                 logger.error("slot %d failed in the batched step: %s", slot, out)
                 results[slot] = _SlotResult(None, out)
                 continue
-            frame, span = frames[slot]
-            deferred = span if slot in defer else None
-            results[slot] = _SlotResult(FrameOutput(frame, out.agent_pcm, out.text_token, compute_s, outcomes[slot],
-                                                    deferred))
+            results[slot] = _SlotResult(FrameOutput(frames[slot][0], out.agent_pcm, out.text_token, compute_s,
+                                                    outcomes[slot]))
         return results
 
     def _slot_frame(self, frame: InputFrame) -> np.ndarray:
@@ -272,5 +305,5 @@ class Batcher:
 
     def _slot_span(self, slot: int, span: SpanRequest, deferred_ticks: int) -> SpanOutcome:
         return inject_span(span, self.span_deadline_s, self.model.frames_stepped[slot],
-                           lambda: self.model.engine.slot_offset(slot), lambda block: self.model.inject(slot, block),
+                           lambda: self.model.slot_offset(slot), lambda block: self.model.inject(slot, block),
                            deferred_ticks)

@@ -18,16 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from frontend_model.engine.calibration import calibrate_prefill
-from frontend_model.engine.engine import no_span_budget_warning
+from frontend_model.engine.calibration import calibrate_prefill, no_span_budget_warning
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel
+from frontend_model.moshi_internals.row_sampling import RowSampling
 from frontend_model.span.build import MIN_SPAN_FRAMES
 from server.offline.stack import ModelSession
 from server.ops.recording import StereoWavWriter
 from server.session.backend import Backend
 from server.session.retrieval import SpanAnswer
-from server.session.spans import SpanOutcome, SpanRequest, span_event
+from server.session.spans import SpanOutcome, SpanRequest, dropped, span_event, span_request
 from server.session.trigger import resolve_trigger
 from server.settings import ServerSettings
 from server.wire import protocol as p
@@ -53,8 +53,11 @@ class OfflineResult:
 
 class OfflineSession:
     def __init__(self, model: LoadedModel, backend: Backend, settings: ServerSettings,
-                 ret_frames: set[int] | None = None, realtime: bool = False) -> None:
+                 ret_frames: set[int] | None = None, realtime: bool = False,
+                 sampling: RowSampling | None = None) -> None:
+        """`sampling` with its seeds repeats a live session's draws (the checkpoint's, with fresh seeds, when None)."""
         self.model = model
+        self.sampling = sampling
         self.backend = backend
         self.settings = settings
         self.ret_frames = ret_frames or set()
@@ -74,8 +77,7 @@ class OfflineSession:
         self.result.events.append(event)
 
     def _on_answer(self, answer: SpanAnswer) -> None:
-        self._span = self.model_session.span_request(answer.text, answer.source, answer.triggered, answer.question,
-                                                     answer.tool, answer.timings_ms)
+        self._span = span_request(answer, self.model_session.prepare_span)
         self._answered[id(self._span)] = time.perf_counter()
 
     async def run(self, pcm: np.ndarray, out_wav: Path | None = None) -> OfflineResult:
@@ -84,7 +86,7 @@ class OfflineSession:
         retrieval = self.backend.retrieval_for("offline", "offline", self._on_answer, self.emit,
                                                lambda: self.assembler.stream_time, lambda exc: None, trigger.trigger)
         loop = asyncio.get_running_loop()
-        self.model_session.open(None)
+        self.model_session.open(None, self.sampling)
         start = time.perf_counter()
         try:
             for i, frame in enumerate(self.assembler.push(pcm)):
@@ -94,16 +96,16 @@ class OfflineSession:
                 span, self._span = self._span, None
                 out = await loop.run_in_executor(None, self.model_session.step, frame, span)
                 t = (i + 1) * FRAME_S
-                if span is not None and out.span is not None:
-                    self.result.spans.append((out.span, self._answered.pop(id(span))))
-                    self.emit(span_event(out.span, t))
+                for outcome in out.spans:
+                    self.result.spans.append((outcome, self._answered.pop(id(outcome.request))))
+                    self.emit(span_event(outcome, t))
                 token = out.text_token
                 if i in self.ret_frames or (token is not None and token == self.model.span.ret_id):
                     self.emit(p.Retrieval(t=t, frame=i))
                     if retrieval.trigger():
                         self._triggered = time.perf_counter()
-                if token is not None and token not in self.model.span.control_ids and token > 3:
-                    piece = self.model.tokenizer.id_to_piece(token).replace("\u2581", " ")
+                piece = self.model.agent_text.piece(token) if token is not None else None
+                if piece is not None:
                     self.emit(p.AgentText(t=t, text=piece, frame=i))
                 if wav is not None:
                     agent = out.agent_pcm if out.agent_pcm is not None else np.zeros(FRAME_SAMPLES, np.float32)
@@ -126,9 +128,7 @@ class OfflineSession:
         t = self.result.frames * FRAME_S
         now = time.perf_counter()
         if self._span is not None:
-            self.emit(p.SpanDropped(t=t, text=self._span.text, source=self._span.source, tool=self._span.tool,
-                                    question=self._span.question, reason=INPUT_ENDED,
-                                    latency_ms=round((now - self._span.requested) * 1e3, 2)))
+            self.emit(span_event(dropped(self._span, INPUT_ENDED), t))
         elif retrieving:
             self.emit(p.SpanDropped(t=t, text="", reason=INPUT_ENDED,
                                     latency_ms=round((now - self._triggered) * 1e3, 2)))

@@ -31,13 +31,14 @@ LATE_MARGIN_S = 0.25
 
 @dataclass(frozen=True)
 class SpanAnswer:
-    """What the session injects, with what the span events report about how it came to be."""
+    """What becomes a span, with what the span events report about how it came to be; it travels whole from the
+    retrieval (or an app's `span.inject`) to the span's outcome."""
 
     text: str
     source: str
     tool: str
-    question: str
-    triggered: float  # time.perf_counter() of the `<ret>` (or the question, in asr mode)
+    question: str | None  # None for an app's span
+    triggered: float  # time.perf_counter() of the `<ret>` (or the question, in asr mode; the request, for an app)
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 

@@ -1,15 +1,18 @@
 """One WebSocket conversation: connect -> prefix prefill -> handshake -> stream -> close.
 
-The event loop owns I/O, Opus and session state; the model runs in the batcher's ticks on the worker. Four tasks
+The event loop owns I/O, Opus and session state; the model runs in the batcher's ticks on the worker. Six tasks
 run while streaming: the receiver (decode audio, cut frames), the frame loop (one frame at a time into the next
-batched tick, in order), the sender (drains the bounded outbound queue) and the once-a-second stats. Teardown
-returns the slot; a tick in flight finishes before the slot's next session is prefilled.
+batched tick, in order), the sender (drains the bounded outbound queue), the once-a-second stats, the duration cap
+and the wait for an `end` (a drain, a worker restart). Spans are the batcher's from the answer on: the retrieval hands
+its answer straight to it, and their outcomes come back with the frame outputs. Teardown returns the slot; a tick in
+flight finishes before the slot's next session is prefilled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -35,7 +38,7 @@ from server.ops.recording import SessionRecording
 from server.session.backend import Backend
 from server.session.persona import build_persona_block
 from server.session.retrieval import Retrieval, SpanAnswer
-from server.session.spans import FrameOutput, SpanOutcome, SpanRequest, span_event
+from server.session.spans import FrameOutput, SpanOutcome, span_event
 from server.session.trigger import Trigger
 from server.settings import ServerSettings
 from server.wire import protocol as p
@@ -45,8 +48,6 @@ from server.wire.outbound import OutboundQueue, Outgoing
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("contextspan.server")
-
-_SKIPPED_TEXT_IDS = frozenset(range(4))
 
 
 def new_session_id() -> str:
@@ -143,7 +144,6 @@ class Session:
         self.assembler = FrameAssembler()
         self._frames: deque[InputFrame] = deque()
         self._frame_ready = asyncio.Event()
-        self._span: SpanRequest | None = None
         self.sampling: RowSampling | None = None  # in effect, from the prefill on
         self._second = _SecondStats()
         self._audio_messages_sent = 0
@@ -159,18 +159,13 @@ class Session:
         self._phase_set = False
 
     # public API for the backend ----------------------------------------------------------------------------
-    def request_span(self, text: str, source: str | None = None, requested: float | None = None,
-                     question: str | None = None, tool: str | None = None,
-                     timings_ms: dict[str, float] | None = None) -> None:
-        """Inject `text` as a Context Span at the next frame boundary (a newer request replaces a pending one).
+    def request_span(self, answer: SpanAnswer) -> None:
+        """Inject `answer` as a Context Span at the next frame boundary (a newer request replaces a pending one).
 
-        The block is built now and injected in the tick that steps the next frame, or a later one if that tick's
-        budget is full; a `span.injected` or `span.dropped` event reports frames and prefill time.
+        The batcher builds the block now and injects it in the tick that steps the next frame, or a later one if
+        that tick's budget is full; a `span.injected` or `span.dropped` event reports frames and prefill time.
         """
-        if self._span is not None:
-            self._emit_span(SpanOutcome(self._span, False, self._span.text, reason="superseded",
-                                        done=time.perf_counter()))
-        self._span = self.batcher.span_request(text, source, requested, question, tool, timings_ms)
+        self.batcher.request_span(self.slot, answer)
 
     def emit(self, event: p.ServerEvent) -> None:
         """Record an event in the transcript and, if the client asked for events, send it."""
@@ -227,9 +222,10 @@ class Session:
             recording=self._recording_links() if self.recording else None,
         ))
         if self.backend is not None:
+            # Answers go straight to the batcher, which holds the span until its outcome comes with a frame output.
             self.retrieval = self.backend.retrieval_for(
-                self.id, self.user_id, self._on_answer, self.emit, lambda: self.assembler.stream_time,
-                self._on_backend_error, self.trigger)
+                self.id, self.user_id, functools.partial(self.batcher.request_span, self.slot), self.emit,
+                lambda: self.assembler.stream_time, self._on_backend_error, self.trigger)
         try:
             error = await self._stream(preparing.early)
             if error is not None:
@@ -302,10 +298,8 @@ class Session:
 
     def release(self) -> None:
         """Return the slot (a tick in flight finishes first on the worker) and finish the recording; never raises."""
-        if self._span is not None:
-            self._emit_span(SpanOutcome(self._span, False, self._span.text, reason="session closed",
-                                        done=time.perf_counter()))
-            self._span = None
+        for outcome in self.batcher.close_spans(self.slot, "session closed"):
+            self._emit_span(outcome)
         self._emit_stats()  # the last partial second, for the transcript
 
         # The recording is finished before the slot is free, so a free slot means nothing of this session is pending.
@@ -398,7 +392,7 @@ class Session:
         if now - self._last_app_span < FRAME_SAMPLES / SAMPLE_RATE:
             raise p.ProtocolError("span_rate_limited", "at most one span.inject a frame (80 ms)")
         self._last_app_span = now
-        self.request_span(message.text, message.source or "app", tool="app")
+        self.request_span(SpanAnswer(message.text, message.source or "app", "app", None, now))
 
     async def _update(self, update: p.SessionUpdate) -> None:
         if update.persona is not None or update.voice is not None:
@@ -436,8 +430,7 @@ class Session:
                 self._frame_ready.clear()
                 await self._frame_ready.wait()
             frame = self._frames.popleft()
-            span, self._span = self._span, None
-            self._on_output(await self.batcher.step(self.slot, frame, span))
+            self._on_output(await self.batcher.step(self.slot, frame))
 
     def _on_output(self, out: FrameOutput) -> None:
         latency = time.perf_counter() - out.frame.arrived
@@ -449,14 +442,8 @@ class Session:
             second.deadline_misses += 1
             self.metrics.deadline_misses.inc()
         t = (out.frame.index + 1) * FRAME_SAMPLES / SAMPLE_RATE
-        if out.span is not None:
-            self._emit_span(out.span)
-        if out.deferred is not None:
-            if self._span is None:
-                self._span = out.deferred
-            else:
-                self._emit_span(SpanOutcome(out.deferred, False, out.deferred.text, reason="superseded",
-                                            done=time.perf_counter()))
+        for outcome in out.spans:
+            self._emit_span(outcome)
         if out.agent_pcm is not None:
             ogg = self.encoder.encode(out.agent_pcm)
             if ogg:
@@ -479,11 +466,8 @@ class Session:
         if token == span.ret_id:
             self._retrieve(frame, t)
             return
-        tokenizer = self.model.tokenizer
-        if token in _SKIPPED_TEXT_IDS or token in span.control_ids or tokenizer.is_byte(token):
-            return
-        piece = tokenizer.id_to_piece(token).replace("\u2581", " ")
-        if not piece:
+        piece = self.model.agent_text.piece(token)
+        if piece is None:
             return
         self.outbound.put(Outgoing("binary", p.text_message(piece)))
         self.emit(p.AgentText(t=t, text=piece, frame=frame))
@@ -497,10 +481,6 @@ class Session:
             self.emit(p.SpanDropped(t=t, text="", reason="retrieval is off on this server", latency_ms=0.0))
             return
         self.retrieval.trigger()
-
-    def _on_answer(self, answer: SpanAnswer) -> None:
-        self.request_span(answer.text, answer.source, answer.triggered, answer.question, answer.tool,
-                          answer.timings_ms)
 
     def _on_backend_error(self, exc: Exception) -> None:
         self.emit(p.ErrorEvent(t=self.assembler.stream_time, code="asr_failed", message=f"{type(exc).__name__}: {exc}"))

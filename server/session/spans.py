@@ -1,32 +1,37 @@
-"""A span's life after the backend answers: built off the frame path, injected at a frame boundary, reported."""
+"""A span's life after the backend (or an app) answers: built off the frame path, injected at a frame boundary,
+reported. The batcher holds a slot's span from the answer to its outcome (server/batching/batcher.py)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from frontend_model.engine.engine import Engine
 from frontend_model.span.block import Block
 from frontend_model.span.build import SpanBuild
+from server.session.retrieval import SpanAnswer
 from server.wire import protocol as p
 from server.wire.frame_clock import InputFrame
 
 
 @dataclass(frozen=True)
 class SpanRequest:
-    """A span waiting for the next frame boundary, already normalised and tokenised (off the frame path)."""
+    """An answer waiting for a frame boundary, its block already built (normalised, tokenised) off the frame path."""
 
-    text: str
-    source: str | None
-    requested: float  # time.perf_counter() when retrieval started (the `<ret>`): the span deadline counts from it
+    answer: SpanAnswer
     built: SpanBuild
     build_s: float
-    question: str | None = None
-    tool: str | None = None
-    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return self.answer.text
+
+    @property
+    def requested(self) -> float:
+        """time.perf_counter() when retrieval started (the `<ret>`): the span deadline counts from it."""
+        return self.answer.triggered
 
 
 @dataclass(frozen=True)
@@ -51,18 +56,19 @@ class FrameOutput:
     agent_pcm: np.ndarray | None  # None while the model's delays fill (the first frame)
     text_token: int | None
     compute_s: float
-    span: SpanOutcome | None
-    deferred: SpanRequest | None = None  # a span that did not fit this tick's budget: offer it with the next frame
+    spans: tuple[SpanOutcome, ...] = ()  # the slot's spans settled since its previous frame: injected or dropped
 
 
-def span_request(engine: Engine, text: str, source: str | None, requested: float | None = None,
-                 question: str | None = None, tool: str | None = None,
-                 timings_ms: dict[str, float] | None = None) -> SpanRequest:
+def span_request(answer: SpanAnswer, prepare: Callable[[str], SpanBuild]) -> SpanRequest:
     """Build the block now, on the caller's thread, so the tick that injects it only runs the forward pass."""
     start = time.perf_counter()
-    built = engine.prepare_span(text)
-    return SpanRequest(text, source, requested or start, built, time.perf_counter() - start, question, tool,
-                       timings_ms or {})
+    built = prepare(answer.text)
+    return SpanRequest(answer, built, time.perf_counter() - start)
+
+
+def dropped(request: SpanRequest, reason: str) -> SpanOutcome:
+    """A span that never reached its frame boundary: superseded by a newer one, its session closed, ..."""
+    return SpanOutcome(request, False, request.text, reason=reason, done=time.perf_counter())
 
 
 def inject_span(request: SpanRequest, deadline_s: float, steps: int, offset: Callable[[], int],
@@ -86,15 +92,15 @@ def inject_span(request: SpanRequest, deadline_s: float, steps: int, offset: Cal
 
 def span_event(outcome: SpanOutcome, t: float) -> p.SpanInjected | p.SpanDropped:
     """The event reporting a span's fate; latency counts from the request (the `<ret>`) to injection or drop."""
-    request = outcome.request
+    request, answer = outcome.request, outcome.request.answer
     latency_ms = round((outcome.done - request.requested) * 1e3, 2)
     if not outcome.injected:
-        return p.SpanDropped(t=t, text=outcome.text, source=request.source, tool=request.tool,
-                             question=request.question, reason=outcome.reason or "dropped", latency_ms=latency_ms)
+        return p.SpanDropped(t=t, text=outcome.text, source=answer.source, tool=answer.tool,
+                             question=answer.question, reason=outcome.reason or "dropped", latency_ms=latency_ms)
     return p.SpanInjected(
-        t=t, text=outcome.text, source=request.source, tool=request.tool, question=request.question,
+        t=t, text=outcome.text, source=answer.source, tool=answer.tool, question=answer.question,
         frames=outcome.frames, prefill_ms=round(outcome.prefill_s * 1e3, 2), latency_ms=latency_ms,
         truncated=outcome.truncated, dropped_text=outcome.dropped_text, offset_before=outcome.offsets[0],
         offset_after=outcome.offsets[1], step=outcome.step, deferred_ticks=outcome.deferred_ticks,
-        timings_ms={**request.timings_ms, "build_ms": round(request.build_s * 1e3, 3)},
+        timings_ms={**answer.timings_ms, "build_ms": round(request.build_s * 1e3, 3)},
     )

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from benchmarks import harness
+from server.session.retrieval import SpanAnswer
 from server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -107,6 +108,11 @@ def start_server(tmp: Path, *flags: str, ready_timeout: float = 120.0, faults: s
 
 def stop_server(server: RunningServer) -> None:
     harness.stop_server(server.process)
+
+
+def app_answer(text: str, source: str = "test") -> SpanAnswer:
+    """A span's text as an app hands it in (`span.inject`): no question, requested now."""
+    return SpanAnswer(text, source, "app", None, time.perf_counter())
 
 
 def espeak_wav(path: Path, text: str) -> Path:

@@ -15,8 +15,7 @@ from prometheus_client import Histogram
 
 from benchmarks.harness import stream
 from contextspan_client import chat_url
-from frontend_model.engine.calibration import TickCost
-from frontend_model.engine.engine import PrefillCost
+from frontend_model.engine.calibration import PrefillCost, TickCost
 from frontend_model.loading.loader import load_model
 from server.app import routes as app_module
 from server.wire import protocol as p
@@ -102,9 +101,9 @@ def test_a_joining_session_ends_its_frames_with_the_others(tmp_path: Path, speec
         arrivals: dict[int, list[float]] = {0: [], 1: []}
         step = batcher.step
 
-        async def recording_step(slot: int, frame, span):  # type: ignore[no-untyped-def]
+        async def recording_step(slot: int, frame):  # type: ignore[no-untyped-def]
             arrivals[slot].append(frame.arrived)
-            return await step(slot, frame, span)
+            return await step(slot, frame)
 
         batcher.step = recording_step  # type: ignore[method-assign]
         pcm = speech[: 3 * 24000]

@@ -26,7 +26,7 @@ from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from frontend_model.loading.loader import load_model
 from server.wire import protocol as p
 
-from .servers import InProcessServer, in_process_server, pinned_settings
+from .servers import InProcessServer, app_answer, in_process_server, pinned_settings
 
 pytestmark = pytest.mark.slow
 CYCLES = 500
@@ -103,7 +103,7 @@ def test_connect_disconnect_cycles_do_not_grow_memory(tmp_path: Path, speech: np
             for session in list(server.state.sessions.values()):
                 if session.id not in asked and batcher is not None and batcher.model.frames_stepped[session.slot]:
                     asked.add(session.id)
-                    session.request_span(SPAN_TEXT, "churn")
+                    session.request_span(app_answer(SPAN_TEXT, "churn"))
 
         async def spans() -> None:
             while True:

@@ -20,7 +20,7 @@ from frontend_model.loading.loader import load_model
 from frontend_model.moshi_internals.row_sampling import Stream
 from server.wire import protocol as p
 
-from .servers import RunningServer, in_process_server, pinned_settings
+from .servers import RunningServer, app_answer, in_process_server, pinned_settings
 
 pytestmark = pytest.mark.slow
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
@@ -145,7 +145,7 @@ def test_request_span_injects_at_next_frame(inproc_server: tuple[str, object, as
 
     def request(session: object, text: str) -> None:
         stepped_at_request.append(batcher.model.frames_stepped[session.slot])  # type: ignore[attr-defined]
-        session.request_span(text, "kb")  # type: ignore[attr-defined]
+        session.request_span(app_answer(text, "kb"))  # type: ignore[attr-defined]
 
     def injected(result: object) -> bool:
         return bool(result.of_type("span.injected") or result.of_type("span.dropped"))  # type: ignore[attr-defined]
@@ -186,7 +186,7 @@ def test_an_empty_span_is_dropped_with_its_reason(inproc_server: tuple[str, obje
         session = next(iter(state.sessions.values()))  # type: ignore[attr-defined]
         while not session._audio_messages_sent:  # type: ignore[attr-defined]
             await asyncio.sleep(0.05)  # stepping: before its first frame a span is dropped as "before the first frame"
-        loop.call_soon_threadsafe(session.request_span, "")
+        loop.call_soon_threadsafe(session.request_span, app_answer(""))
         return await client
 
     dropped = asyncio.run(run()).of_type("span.dropped")  # type: ignore[attr-defined]
@@ -225,7 +225,7 @@ def test_abrupt_disconnects_release_everything(inproc_server: tuple[str, object,
         session = next(iter(state.sessions.values()))  # type: ignore[attr-defined]
         # Audio is read only once the session is ready: wait for some, however slow the prefill was.
         await wait_until(lambda: session.assembler.stream_time > 0.3, "the session did not stream")
-        loop.call_soon_threadsafe(session.request_span, "A fact that will never be read. " * 20)
+        loop.call_soon_threadsafe(session.request_span, app_answer("A fact that will never be read. " * 20))
         client.cancel()
         await asyncio.gather(client, return_exceptions=True)
         await wait_until(slot_back, "slot not released after leaving mid-span")

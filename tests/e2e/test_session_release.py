@@ -37,7 +37,7 @@ from server.session.spans import FrameOutput, SpanRequest
 from server.wire import protocol as p
 from server.wire.frame_clock import InputFrame
 
-from .servers import InProcessServer, in_process_server, pinned_settings
+from .servers import InProcessServer, app_answer, in_process_server, pinned_settings
 
 pytestmark = pytest.mark.slow
 TRACKED = (Session, Retrieval, SessionRecording, SpanRequest, FrameOutput, _Pending, InputFrame, WebSocket)
@@ -97,7 +97,7 @@ async def session(server: InProcessServer, pcm: np.ndarray, frames: int, span_at
     assert await asyncio.wait_for(ws.recv(), timeout=60) == p.handshake()
     for i in range(frames):
         if i == span_at:
-            server.loop.call_soon_threadsafe(lambda: [s.request_span(SPAN_TEXT, "test")
+            server.loop.call_soon_threadsafe(lambda: [s.request_span(app_answer(SPAN_TEXT))
                                                       for s in server.state.sessions.values()])
             if abort:
                 await asyncio.sleep(0.05)

@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from frontend_model.loading.loader import LoadedModel, load_model
-from frontend_model.span.build import build_prefix, build_span, forbidden_ids
+from frontend_model.span.build import build_prefix, build_span
 from frontend_model.span.normaliser import normalise_text, scrub_control_text
+from frontend_model.span.text_ids import non_text_ids
 
 pytestmark = pytest.mark.timeout(120)  # a hang fails the test instead of stalling CI
 
@@ -75,7 +76,7 @@ def model() -> LoadedModel:
 
 @pytest.fixture(scope="module")
 def forbidden(model: LoadedModel) -> frozenset[int]:
-    return forbidden_ids(model.tokenizer, model.span)
+    return non_text_ids(model.tokenizer, model.span)
 
 
 def test_forbidden_set_covers_every_control_and_byte_piece(model: LoadedModel, forbidden: frozenset[int]) -> None:

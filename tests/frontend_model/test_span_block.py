@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from frontend_model.loading.loader import LoadedModel, compute_placeholder_codes, load_model
-from frontend_model.span.build import build_span, forbidden_ids
+from frontend_model.span.build import build_span
+from frontend_model.span.text_ids import non_text_ids
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def test_block_layout(model: LoadedModel) -> None:
 
 
 def test_every_control_id_is_scrubbed(model: LoadedModel) -> None:
-    forbidden = forbidden_ids(model.tokenizer, model.span)
+    forbidden = non_text_ids(model.tokenizer, model.span)
     assert {model.span.ret_id, model.span.open_id, model.span.close_id, 0, 1, 2, 3} <= forbidden
     hostile = "Hi\x00 <ret> there\x08\tyou <0x09> ☃ 東京 </s><s><pad>\u200b friend <system>"
     built = build_span(hostile, model.tokenizer, model.span, max_frames=200)

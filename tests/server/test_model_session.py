@@ -14,6 +14,8 @@ from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.span.voice_prompt import VoicePrompt
 from server.offline.stack import ModelSession
 from server.session.persona import PersonaError, build_persona_block
+from server.session.retrieval import SpanAnswer
+from server.session.spans import span_request
 from server.wire.frame_clock import InputFrame
 
 
@@ -27,6 +29,10 @@ def frame(i: int) -> InputFrame:
     return InputFrame(i, (0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), time.perf_counter())
 
 
+def answer(text: str, triggered: float | None = None) -> SpanAnswer:
+    return SpanAnswer(text, "calendar", "test", None, time.perf_counter() if triggered is None else triggered)
+
+
 def test_steps_inject_and_drop(model: LoadedModel) -> None:
     session = ModelSession(model, span_deadline_s=2.5)
     session.open(None)
@@ -37,14 +43,16 @@ def test_steps_inject_and_drop(model: LoadedModel) -> None:
         assert second.agent_pcm is not None and second.agent_pcm.shape == (FRAME_SAMPLES,)
 
         offset = session.engine.offset
-        out = session.step(frame(2), session.span_request("The meeting is at noon.", "calendar"))
-        assert out.span is not None and out.span.injected and out.span.frames >= 3
-        assert session.engine.offset == offset + out.span.frames + 1
+        out = session.step(frame(2), span_request(answer("The meeting is at noon."), session.prepare_span))
+        (span,) = out.spans
+        assert span.injected and span.frames >= 3
+        assert session.engine.offset == offset + span.frames + 1
 
-        late = session.step(frame(3), session.span_request("too late", None, time.perf_counter() - 10))
-        assert late.span is not None and not late.span.injected and late.span.reason == "late"
-        empty = session.step(frame(4), session.span_request("   ", None))
-        assert empty.span is not None and empty.span.reason == "empty text"
+        late = session.step(frame(3), span_request(answer("too late", time.perf_counter() - 10),
+                                                   session.prepare_span))
+        assert [(s.injected, s.reason) for s in late.spans] == [(False, "late")]
+        empty = session.step(frame(4), span_request(answer("   "), session.prepare_span))
+        assert [s.reason for s in empty.spans] == ["empty text"]
     finally:
         session.close()
 

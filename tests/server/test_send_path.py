@@ -45,7 +45,7 @@ async def test_stalled_client_loses_oldest_audio_only(model: LoadedModel) -> Non
     try:
         pcm = np.zeros(FRAME_SAMPLES, np.float32)
         for i in range(200):
-            session._on_output(FrameOutput(InputFrame(i, pcm, time.perf_counter()), pcm, 42, 0.01, None))
+            session._on_output(FrameOutput(InputFrame(i, pcm, time.perf_counter()), pcm, 42, 0.01))
             await asyncio.sleep(0)
         queue = session.outbound
         audio_queued = sum(1 for item in queue._items if item.kind == "audio")

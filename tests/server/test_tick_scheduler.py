@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from frontend_model.engine.calibration import TickCost, tick_sizes
-from frontend_model.engine.engine import PrefillCost
+from frontend_model.engine.calibration import PrefillCost, TickCost, tick_sizes
 from server.batching.tick_scheduler import (
     MARGIN_S,
     MAX_DEFERS,

@@ -1,0 +1,106 @@
+"""The batcher alone holds a slot's span from the answer to its outcome: a span that does not fit a tick waits in
+the batcher for a later one, a newer answer supersedes one still waiting, and a closing session hears of its last.
+Costs are injected, so the plans do not depend on how fast this host is."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from frontend_model.engine.batch_model import BatchedModel
+from frontend_model.engine.calibration import PrefillCost, TickCost
+from frontend_model.frame import FRAME_SAMPLES
+from frontend_model.loading.loader import load_model
+from server.batching.batcher import Batcher
+from server.batching.tick_scheduler import MAX_DEFERS, Capacity
+from server.batching.worker import ModelWorker
+from server.ops.metrics import Metrics
+from server.session.retrieval import SpanAnswer
+from server.session.spans import FrameOutput
+from server.wire.frame_clock import InputFrame
+
+BUDGET_S = 0.080
+
+
+@pytest.fixture(scope="module")
+def batched() -> Iterator[BatchedModel]:
+    model = load_model("tiny", device="cpu", dtype=torch.float32)
+    batched = BatchedModel(model, 2, max_span_frames=64)
+    batched.start()
+    yield batched
+    batched.close()
+
+
+def batcher_for(batched: BatchedModel, span_s: float) -> Batcher:
+    """A batcher whose ticks cost nothing and whose spans cost `span_s` each (above the budget: never fits)."""
+    cost = TickCost({1: 0.001, 2: 0.001}, PrefillCost(step_s=0.001, span_s={1: span_s, 64: span_s}))
+    return Batcher(batched, ModelWorker("cpu"), cost, Capacity(2, "test"), BUDGET_S, 30.0, Metrics())
+
+
+def frame(i: int) -> InputFrame:
+    return InputFrame(i, np.zeros(FRAME_SAMPLES, np.float32), time.perf_counter())
+
+
+def answer(text: str) -> SpanAnswer:
+    return SpanAnswer(text, "kb", "test", "what is on?", time.perf_counter())
+
+
+async def stepped(batcher: Batcher, first: int, count: int) -> list[FrameOutput]:
+    return [await batcher.step(0, frame(i)) for i in range(first, first + count)]
+
+
+def run(batcher: Batcher, body: object) -> object:
+    async def go() -> object:
+        batcher.start()
+        try:
+            await batcher.open(0, None)
+            return await body(batcher)  # type: ignore[operator]
+        finally:
+            await batcher.stop(RuntimeError("test over"))
+            batcher.worker.shutdown()
+
+    return asyncio.run(go())
+
+
+def test_a_span_that_does_not_fit_waits_in_the_batcher_and_rides_after_max_defers(batched: BatchedModel) -> None:
+    async def body(batcher: Batcher) -> list[FrameOutput]:
+        outputs = await stepped(batcher, 0, 2)
+        batcher.request_span(0, answer("The meeting is at noon."))
+        return outputs + await stepped(batcher, 2, MAX_DEFERS + 2)
+
+    batcher = batcher_for(batched, span_s=1.0)
+    outputs = run(batcher, body)
+    assert [len(o.spans) for o in outputs] == [0, 0, *[0] * MAX_DEFERS, 1, 0]  # type: ignore[union-attr]
+    (span,) = outputs[2 + MAX_DEFERS].spans  # type: ignore[index]
+    assert span.injected and span.deferred_ticks == MAX_DEFERS and span.step == 2 + MAX_DEFERS
+    assert batcher.metrics.spans_deferred._value.get() == MAX_DEFERS
+
+
+def test_a_newer_answer_supersedes_the_waiting_one_and_both_outcomes_come_with_the_next_frame(
+        batched: BatchedModel) -> None:
+    async def body(batcher: Batcher) -> list[FrameOutput]:
+        outputs = await stepped(batcher, 0, 2)
+        batcher.request_span(0, answer("The meeting is at noon."))
+        batcher.request_span(0, answer("The meeting moved to one."))
+        return outputs + await stepped(batcher, 2, 1)
+
+    outputs = run(batcher_for(batched, span_s=0.002), body)
+    old, new = outputs[-1].spans  # type: ignore[index]
+    assert (old.injected, old.reason, old.text) == (False, "superseded", "The meeting is at noon.")
+    assert new.injected and new.text == "The meeting moved to one."
+
+
+def test_a_closing_session_hears_of_its_waiting_span_and_the_slot_takes_no_more(batched: BatchedModel) -> None:
+    async def body(batcher: Batcher) -> tuple[list[str | None], list[str | None]]:
+        await stepped(batcher, 0, 1)
+        batcher.request_span(0, answer("Never read."))
+        closed = [o.reason for o in batcher.close_spans(0, "session closed")]
+        batcher.request_span(0, answer("Too late for this session."))
+        return closed, [o.reason for o in batcher.close_spans(0, "session closed")]
+
+    assert run(batcher_for(batched, span_s=0.002), body) == (["session closed"], [])
