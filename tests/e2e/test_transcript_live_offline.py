@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from contextspan_client.client import chat_url, stream
+from benchmarks.harness import stream
+from contextspan_client import chat_url
 from frontend_model.frame import SAMPLE_RATE
 from frontend_model.loading.loader import load_model
 from frontend_model.moshi_internals.row_sampling import RowSampling, SamplingConfig
