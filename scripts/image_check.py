@@ -191,6 +191,8 @@ def converse(url: str, audio: Path, out: Path) -> dict[str, Any]:
     agent, _ = sphn.read(str(out))
     return {"ready": "session.ready" in kinds, "span_injected": bool(injected),
             "span_text": injected[0]["text"] if injected else None, "agent_audio_s": round(agent.shape[-1] / 24000, 2),
+            "retrieval_events": [e for e in events if e.get("type", "").startswith(("span.", "ret", "question",
+                                                                                   "user.", "transcript"))][:12],
             "client_stderr_tail": done.stderr[-400:]}
 
 
