@@ -30,6 +30,14 @@ _PLACE_PHRASE = re.compile(
 )
 _NUMBER = re.compile(r"-?\d+(?:[.,]\d+)?")
 _NUMBER_WITH_UNIT = re.compile(r"^(?P<number>-?\d+(?:[.,]\d+)?)(?:\s+(?P<unit>[a-z]+))?$", re.IGNORECASE)
+# What the agent says before it looks something up: "Let me check the time in Tokyo for you."
+_AGENT_LEAD_IN = re.compile(
+    r"^(?:(?:ok(?:ay)?|sure|alright|right|one (?:moment|second)|hold on)[\s,.!]+)*"
+    r"(?:let me|i'?ll|i will|shall i|should i|i can|i'?m going to)\s+(?:quickly\s+)?"
+    r"(?:check|see|look up|find out|find|calculate|work out|convert|get)(?:\s+(?:on|for you))?\s+",
+    re.IGNORECASE,
+)
+_FOR_YOU = re.compile(r"\s+for you(?=[\s?.!]*$)", re.IGNORECASE)
 # A follow-up that reuses the previous request with one thing changed: "and in London?", "what about 20 miles?"
 _FOLLOW_UP = re.compile(
     r"^(?:and|what about|how about|and what about|same for|now)\b[\s,]*(?P<rest>.+)$", re.IGNORECASE
@@ -76,8 +84,9 @@ class Request:
             corrected = corrected_utterance(utterance)
             if any(c.asking for c in candidates(corrected)):
                 return corrected
-        if self.agent_words and any(c.asking or _PREPOSITION.search(c.text) for c in candidates(self.agent_words)):
-            return self.agent_words
+        said = agent_request(self.agent_words)
+        if said:
+            return said
         return corrected_utterance(self.newest)
 
     def follow_up(self) -> str | None:
@@ -98,6 +107,16 @@ class Request:
         return numbers[-1] if numbers else None
 
 
+def agent_request(words: str) -> str:
+    """What the agent announced it would look up ("Let me check the time in Tokyo." -> "the time in Tokyo"), or
+    "" when its last words announce nothing."""
+    for sentence in reversed(re.split(r"(?<=[.?!])\s+", words.strip())):
+        match = _AGENT_LEAD_IN.match(sentence.strip())
+        if match:
+            return _FOR_YOU.sub("", sentence.strip()[match.end():]).strip(" ?.!")
+    return ""
+
+
 def last_words(text: str, count: int = AGENT_WORDS) -> str:
     """The last `count` words of what the agent said."""
     return " ".join(text.split()[-count:])
@@ -105,8 +124,8 @@ def last_words(text: str, count: int = AGENT_WORDS) -> str:
 
 def splice(question: str, fix: str) -> str:
     """`question` with `fix` put where it belongs: a place phrase replaces the last place phrase ("in Tokyo"), a
-    number (with its unit) the last number, a bare name the object of the last place phrase; a whole question
-    replaces the question."""
+    number (with its unit) the last number, a bare name the object of the last place phrase, "the X" the last
+    "the ..." phrase, anything else as many words at the end; a whole question replaces the question."""
     fix = fix.strip().strip("?.!,").strip()
     if not fix:
         return question
@@ -130,7 +149,12 @@ def splice(question: str, fix: str) -> str:
         last = places[-1]
         replacement = fix if _PREPOSITION.match(fix) else f"{last[1]} {fix}"
         return f"{question[: last.start()]}{replacement}{question[last.end():]}"
-    return f"{question.strip().rstrip('?.!')} {fix}?"
+    stem = question.strip().rstrip("?.!")
+    article = re.match(r"(the|a|an)\s", fix, re.IGNORECASE)
+    if article and (same := list(re.finditer(rf"\b{article[1]}\b", stem, re.IGNORECASE))):
+        return f"{stem[: same[-1].start()]}{fix}?"  # "the Mona Lisa, I mean the Night Watch"
+    words = stem.split()
+    return " ".join([*words[: max(1, len(words) - len(fix.split()))], fix]) + "?"  # as many words as the fix
 
 
 def corrected_utterance(utterance: str) -> str:

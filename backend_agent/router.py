@@ -134,7 +134,7 @@ def request_text(request: Request) -> str:
     request that computes on the last answer replaced by that answer's number (a serial chain across requests)."""
     text = request.follow_up() or request.latest()
     value = request.previous_value()
-    if value is not None and not intent_calls(text):
+    if value is not None:
         chained = PREVIOUS_ANSWER.sub(value, text)
         if intent_calls(chained):
             return chained
