@@ -1,4 +1,4 @@
-"""`contextspan serve`, `ask`, `infer` (flags mirror ServerSettings field by field), `client` and `bench ...`."""
+"""`contextspan serve`, `ask`, `infer` (flags mirror ServerSettings field by field), `client`, `health`, `bench ...`."""
 
 from __future__ import annotations
 
@@ -87,10 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     bench = commands.add_parser("bench", help="benchmarks: `load`, `span`, `retrieval`, `batch`, `soak`, `faults`")
     bench.add_argument("which", choices=list(BENCHMARKS))
     commands.add_parser("client", help="say an audio file to a server: write the agent's voice, print its events")
+    commands.add_parser("health", help="probe /healthz of the server running here, on the port it was told")
     if argv[:1] == ["client"]:  # the client owns its flags, and needs no server settings
         from contextspan_client.client import client_main
 
         return client_main(argv[1:])
+    if argv[:1] == ["health"]:
+        from server.ops.health import health_main
+
+        return health_main(argv[1:])
     if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] in BENCHMARKS:
         # The benchmark modules own their flags.
         return int(importlib.import_module(BENCHMARKS[argv[1]]).main(argv[2:]))

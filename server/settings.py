@@ -8,6 +8,10 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# Docker and Swarm secrets are files here, named like the variables in lower case (`contextspan_api_keys`): a key
+# read from a file never sits in the environment, an image layer or `docker inspect`.
+SECRETS_DIR = Path("/run/secrets")
+
 # The public Moshi checkpoint served by default where a CUDA device is present.
 DEFAULT_CUDA_PROFILE = "moshi"
 DEFAULT_CUDA_CHECKPOINT = "kyutai/moshiko-pytorch-bf16"
@@ -16,7 +20,8 @@ DEFAULT_CUDA_CHECKPOINT = "kyutai/moshiko-pytorch-bf16"
 class ServerSettings(BaseSettings):
     """Every field is also a `contextspan serve --flag` (underscores become dashes)."""
 
-    model_config = SettingsConfigDict(env_prefix="CONTEXTSPAN_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="CONTEXTSPAN_", extra="ignore",
+                                      secrets_dir=SECRETS_DIR if SECRETS_DIR.is_dir() else None)
 
     host: str = Field("127.0.0.1", description="bind address; loopback unless you mean to expose it")
     port: int = Field(8998, ge=0, le=65535, description="TCP port; 0 picks a free one")

@@ -18,7 +18,7 @@ from server.wire import protocol as p
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC_PATH = ROOT / "docs" / "protocol.asyncapi.yaml"
-SERVER_SOURCES = "\n".join(f.read_text() for f in sorted((ROOT / "server").glob("*.py")))
+SERVER_SOURCES = "\n".join(f.read_text() for f in sorted((ROOT / "server").rglob("*.py")))
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The benchmark commands still run end to end and write the report the README quotes; their numbers are not
+"""The benchmark commands still run end to end and write the report benchmarks/README.md quotes; their numbers are not
 checked here (performance lives in benchmarks/results/, measured on purpose, not in tests)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ session alone, on the tiny models of both families, within a stated tolerance.
 
 Measured on CPU (PyTorch's bf16 kernels accumulate in float32 row by row): 0.0 for the next-step logits, the KV
 cache and the batch, i.e. bit for bit. A GPU's bf16 GEMMs tile T=n and T=1 products differently, so the bound
-asserted is the one the README states: BF16_TOLERANCE, four bf16 steps at the logits' magnitude (|logit| < 8).
+asserted is the one docs/engine.md states: BF16_TOLERANCE, four bf16 steps at the logits' magnitude (|logit| < 8).
 """
 
 from __future__ import annotations
