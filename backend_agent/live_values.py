@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import re
 
-# Questions whose answer is a live value: it changes with the clock, the market or the weather, or is computed.
+from backend_agent.router import intent_calls
+
+# Questions whose answer is a live value: it changes with the clock, the market or the weather. Computed values
+# (arithmetic, conversions) are the built-in tools' intents (`router.intent_calls`); "how many legs does a spider
+# have" is a fact, not one of them.
 _LIVE_QUESTION = re.compile(
-    r"\b(?:time|clock|date|day|today|tonight|tomorrow|yesterday|now|current(?:ly)?|weather|temperature|forecast"
-    r"|rain|snow|sunny|price|cost|costs|worth|rate|exchange|stock|shares?|how many|how much|convert|plus|minus"
-    r"|times|divided|multiplied|percent|squared|square root|sum|total|average)\b|[-+*/×÷=%]",
+    r"\b(?:time|clock|date|what day|today|tonight|tomorrow|yesterday|now|current(?:ly)?|at the moment|weather"
+    r"|temperature|forecast|price|cost|costs|exchange rate|stock|shares?)\b",
     re.IGNORECASE,
 )
 _MONTH = r"(?:january|february|march|april|may|june|july|august|september|october|november|december)"
@@ -31,7 +34,7 @@ _ECHO = re.compile(r"^\s*(?:the user|you) (?:asked|asks|want|wants|is asking|are
 
 def asks_live_value(question: str) -> bool:
     """Does the question ask for a value that changes or is computed?"""
-    return _LIVE_QUESTION.search(question) is not None
+    return _LIVE_QUESTION.search(question) is not None or bool(intent_calls(question))
 
 
 def unbacked_live_value(question: str, reply: str) -> bool:

@@ -78,6 +78,17 @@ def test_an_llm_reply_stating_a_live_value_without_a_tool_becomes_the_abstain_ou
     assert len(script.requests) == 1
 
 
+@pytest.mark.parametrize(("question", "reply"), [
+    ("How many legs does a spider have?", "A spider has 8 legs."),
+    ("How many times has Brazil won the World Cup?", "Brazil has won the World Cup 5 times."),
+])  # fmt: skip
+def test_a_number_that_is_a_fact_is_no_live_value(llm: tuple[str, Script], question: str, reply: str) -> None:
+    url, script = llm
+    script.content = reply
+    result = ask(url, Request.of(question))
+    assert result.answer is not None and (result.outcome, result.answer.text) == ("llm", reply)
+
+
 def test_an_llm_fact_without_a_live_value_is_a_short_llm_answer(llm: tuple[str, Script]) -> None:
     url, script = llm
     script.content = "William Shakespeare wrote Hamlet around 1600. " + "It is a long tragedy in five acts. " * 10
