@@ -10,7 +10,7 @@ in Tokyo"), or asked a follow-up that only makes sense with the previous answer 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from backend_agent.question import candidates
@@ -65,7 +65,6 @@ class Request:
     agent_words: str = ""
     answered: tuple[Answered, ...] = ()
     location: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, question: str) -> Request:
