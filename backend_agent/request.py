@@ -21,7 +21,7 @@ AGENT_WORDS = 30  # the agent's last words that go into the request
 # "..., no, I mean in Tokyo", "... sorry, I meant 12 miles", "... actually, make that London".
 _CORRECTION = re.compile(
     r"(?:^|[\s,.;!?-]+)(?:(?:no|nope|sorry|oops|wait|oh|er|um)[\s,.!-]+)*"
-    r"(?:i mean|i meant|i should say|make (?:that|it)|scratch that|rather|correction|not that)\b[\s,:.-]*",
+    r"(?:i mean|i meant|i should say|make that|scratch that|correction)\b[\s,:.-]*",
     re.IGNORECASE,
 )
 _PREPOSITION = re.compile(r"^(?:in|at|for|to|from|of|on)\s+\S", re.IGNORECASE)
