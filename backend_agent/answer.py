@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# How a request ended, for the span contract of the Context Spanning model (reference `runtime/realtime.py`):
+# "tool": a tool answered (the span is its text verbatim); "empty": a tool ran and found nothing; "none": nothing
+# could answer (the last two become the abstain span where the checkpoint was trained on one); "llm": the LLM's own
+# short reference text, which never states a live value (see `backend_agent/live_values.py`).
+Outcome = Literal["tool", "empty", "none", "llm"]
 
 
 class Answer(BaseModel):
-    """One short reference text, where it came from, and which tool produced it."""
+    """One short reference text, where it came from, and which tool produced it with which arguments."""
 
     model_config = ConfigDict(frozen=True)
 
     text: str
     source: str
     tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    outcome: Outcome = "tool"

@@ -28,7 +28,8 @@ CREATE TABLE IF NOT EXISTS turns (
     text TEXT NOT NULL, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS tool_results (
     id INTEGER PRIMARY KEY, session_id TEXT NOT NULL, user_id TEXT NOT NULL, tool TEXT NOT NULL,
-    arguments TEXT NOT NULL, text TEXT NOT NULL, source TEXT NOT NULL, created REAL NOT NULL);
+    arguments TEXT NOT NULL, text TEXT NOT NULL, source TEXT NOT NULL, created REAL NOT NULL,
+    question TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS notes_by_user ON notes (user_id, id);
 CREATE INDEX IF NOT EXISTS turns_by_session ON turns (session_id, id);
 CREATE INDEX IF NOT EXISTS tool_results_by_session ON tool_results (session_id, id);
@@ -67,9 +68,10 @@ class Turn(BaseModel):
 
 
 class ToolRecord(BaseModel):
-    """One tool call the agent made in a session and what it returned."""
+    """One request the agent answered in a session: the question, the tool, its real arguments, what it returned."""
 
     session_id: str
+    question: str = ""
     tool: str
     arguments: dict[str, Any]
     text: str
@@ -87,6 +89,9 @@ class ContextStore:
         self._db = sqlite3.connect(str(path), check_same_thread=False)
         with self._lock, self._db:
             self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(tool_results)")}
+            if "question" not in columns:  # a store written before answered requests kept their question
+                self._db.execute("ALTER TABLE tool_results ADD COLUMN question TEXT NOT NULL DEFAULT ''")
 
     def close(self) -> None:
         with self._lock:
@@ -157,31 +162,34 @@ class ContextStore:
         ]
 
     def record_tool_result(
-        self, user_id: str, session_id: str, tool: str, arguments: dict[str, Any], result: ToolResult
+        self, user_id: str, session_id: str, tool: str, arguments: dict[str, Any], result: ToolResult,
+        question: str = "",
     ) -> None:
-        """Keep a tool's answer, and add it to the conversation as a "tool" turn."""
+        """Keep an answered request (the tool's real arguments), and add it to the conversation as a "tool" turn."""
         now = self._clock()
         with self._lock, self._db:
             self._db.execute(
-                "INSERT INTO tool_results (session_id, user_id, tool, arguments, text, source, created) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (session_id, user_id, tool, json.dumps(arguments), result.text, result.source, now),
+                "INSERT INTO tool_results (session_id, user_id, tool, arguments, text, source, created, question) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (session_id, user_id, tool, json.dumps(arguments), result.text, result.source, now, question),
             )
             self._db.execute(
                 "INSERT INTO turns (session_id, user_id, role, text, created) VALUES (?, ?, 'tool', ?, ?)",
                 (session_id, user_id, f"{tool}: {result.text} (source: {result.source})", now),
             )
 
-    def tool_results(self, session_id: str) -> list[ToolRecord]:
+    def tool_results(self, session_id: str, limit: int | None = None) -> list[ToolRecord]:
+        """The session's answered requests in order; with `limit`, only the latest ones."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT tool, arguments, text, source, created FROM tool_results WHERE session_id = ? "
-                "ORDER BY id",
-                (session_id,),
+                "SELECT question, tool, arguments, text, source, created FROM tool_results WHERE session_id = ? "
+                "ORDER BY id DESC LIMIT ?",
+                (session_id, -1 if limit is None else limit),
             ).fetchall()
         return [
-            ToolRecord(session_id=session_id, tool=t, arguments=json.loads(a), text=x, source=s, timestamp=c)
-            for t, a, x, s, c in rows
+            ToolRecord(session_id=session_id, question=q, tool=t, arguments=json.loads(a), text=x, source=s,
+                       timestamp=c)
+            for q, t, a, x, s, c in reversed(rows)
         ]
 
     def working_context(

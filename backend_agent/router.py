@@ -1,6 +1,7 @@
-"""The built-in router, used when no LLM is configured: a few robust patterns map a spoken question to
-one of the built-in tools (time, date, arithmetic, units, knowledge base). Anything else, or any tool
-error, is "no span" (None): a wrong span is worse than none, since the speech model would read it out."""
+"""The built-in router: a few robust patterns map a spoken question to one of the built-in tools (time, date,
+arithmetic, units, knowledge base). It runs first whatever LLM is configured, for the tools whose intent a request
+shows (live values come only from tools), and alone when no LLM is. Anything else, or any tool error, is "no span"
+(None): a wrong span is worse than none, since the speech model would read it out."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend_agent.answer import Answer
+from backend_agent.answer import Answer, Outcome
 from backend_agent.question import candidates
+from backend_agent.request import PREVIOUS_ANSWER, Request
 from backend_agent.tools.base import Tool, ToolError
 from backend_agent.tools.numbers import replace_number_words
 from backend_agent.tools.unit_conversion import find_unit
@@ -110,6 +112,11 @@ def _specific_calls(sentence: str) -> list[ToolCall]:
     return [call for parse in (_time_call, _date_call, _units_call, _arithmetic_call) if (call := parse(text))]
 
 
+def intent_calls(utterance: str) -> list[ToolCall]:
+    """The built-in tools whose intent the utterance shows (time, date, units, arithmetic), most specific first."""
+    return [call for candidate in candidates(utterance) for call in _specific_calls(candidate.text)]
+
+
 def plan(utterance: str) -> list[ToolCall]:
     """The tool calls worth trying for an utterance as ASR delivers it, most specific first.
 
@@ -118,9 +125,38 @@ def plan(utterance: str) -> list[ToolCall]:
     and only with the sentences that ask (all of them when none does), so that "Thank you." finds nothing.
     """
     found = candidates(utterance)
-    calls = [call for candidate in found for call in _specific_calls(candidate.text)]
     asking = [c for c in found if c.asking] or found
-    return [*calls, *(ToolCall("knowledge_base", {"query": c.text}) for c in asking)]
+    return [*intent_calls(utterance), *(ToolCall("knowledge_base", {"query": c.text}) for c in asking)]
+
+
+def request_text(request: Request) -> str:
+    """The text to plan on: the latest request, a follow-up spliced into the question it follows, and "that" in a
+    request that computes on the last answer replaced by that answer's number (a serial chain across requests)."""
+    text = request.follow_up() or request.latest()
+    value = request.previous_value()
+    if value is not None:
+        chained = PREVIOUS_ANSWER.sub(value, text)
+        if intent_calls(chained):
+            return chained
+    return text
+
+
+def with_profile(call: ToolCall, tool: Tool, location: str | None) -> ToolCall:
+    """A place the tool takes and the user did not name is the profile's ("what's the weather?")."""
+    properties = tool.parameters.get("properties", {})
+    if location and "place" in properties and not str(call.arguments.get("place") or "").strip():
+        return ToolCall(call.tool, {**call.arguments, "place": location})
+    return call
+
+
+@dataclass(frozen=True)
+class Routed:
+    """The router's outcome: an answer ("tool"), a tool of the request's intent that found nothing ("empty",
+    with that tool's name), or no tool for this request ("none")."""
+
+    answer: Answer | None
+    outcome: Outcome
+    tool: str | None = None
 
 
 class Router:
@@ -131,16 +167,26 @@ class Router:
 
     def answer(self, question: str) -> Answer | None:
         """The first tool answer for `question`, or None ("no span")."""
-        if not question.strip():
-            return None
-        for call in plan(question):
+        return self.route(Request.of(question)).answer
+
+    def route(self, request: Request, intent_only: bool = False) -> Routed:
+        """Try the planned calls in order; the first text wins. With `intent_only`, only the tools whose intent
+        the request shows (what an LLM must never answer from its own weights: live values)."""
+        text = request_text(request)
+        if not text.strip():
+            return Routed(None, "none")
+        empty: str | None = None
+        for call in intent_calls(text) if intent_only else plan(text):
             tool = self._tools.get(call.tool)
             if tool is None:
                 continue
+            call = with_profile(call, tool, request.location)
             try:
                 result = tool.run(call.arguments)
             except ToolError:
+                empty = empty or (call.tool if call.tool != "knowledge_base" else None)
                 continue
             if result.text.strip():
-                return Answer(text=result.text, source=result.source, tool=call.tool)
-        return None
+                return Routed(Answer(text=result.text, source=result.source, tool=call.tool,
+                                     arguments=call.arguments), "tool", call.tool)
+        return Routed(None, "empty", empty) if empty else Routed(None, "none")

@@ -80,18 +80,16 @@ ITEMS = [
 FORMS = ("bare", "wrapped")
 
 
+def hear(transcriber: WhisperTranscriber, text: str, wav: Path) -> str:
+    """espeak-ng says `text` -> 24 kHz -> 16 kHz -> Whisper: what the backend hears of it."""
+    subprocess.run(["espeak-ng", "-v", "en-us", "-s", str(WORDS_PER_MINUTE), "-w", str(wav), text], check=True)
+    return transcriber.transcribe(resample_24k_to_16k(load_wav(str(wav))))
+
+
 def transcribe_all(transcriber: WhisperTranscriber, tmp: Path) -> list[dict[str, str]]:
-    """espeak-ng -> 24 kHz -> 16 kHz -> Whisper, each form of each item."""
-    heard = []
-    for i, item in enumerate(ITEMS):
-        row = {}
-        for form in FORMS:
-            wav = tmp / f"s{i}-{form}.wav"
-            subprocess.run(["espeak-ng", "-v", "en-us", "-s", str(WORDS_PER_MINUTE), "-w", str(wav),
-                            getattr(item, form)], check=True)
-            row[form] = transcriber.transcribe(resample_24k_to_16k(load_wav(str(wav))))
-        heard.append(row)
-    return heard
+    """Each form of each item, heard."""
+    return [{form: hear(transcriber, getattr(item, form), tmp / f"s{i}-{form}.wav") for form in FORMS}
+            for i, item in enumerate(ITEMS)]
 
 
 def agent(llm: ChatClient | None) -> Agent:

@@ -48,7 +48,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
               "retrieval": "benchmarks.retrieval_latency", "batch": "benchmarks.batch_ticks", "soak": "benchmarks.soak",
-              "faults": "benchmarks.fault_isolation"}
+              "faults": "benchmarks.fault_isolation", "qa": "benchmarks.qa"}
 
 
 def serve(settings: ServerSettings) -> int:
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     infer_parser.add_argument("--ret-frames", default="", help="comma-separated frames at which to act as <ret>")
     infer_parser.add_argument("--realtime", action="store_true", help="pace frames at 80 ms instead of flat out")
     add_settings_flags(infer_parser)
-    bench = commands.add_parser("bench", help="benchmarks: `load`, `span`, `retrieval`, `batch`, `soak`, `faults`")
+    bench = commands.add_parser("bench", help=f"benchmarks: {', '.join(f'`{name}`' for name in BENCHMARKS)}")
     bench.add_argument("which", choices=list(BENCHMARKS))
     commands.add_parser("client", help="say an audio file to a server: write the agent's voice, print its events")
     commands.add_parser("health", help="probe /healthz of the server running here, on the port it was told")

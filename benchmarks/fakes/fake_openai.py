@@ -25,6 +25,8 @@ class Script:
     tool: str = "time_in_place"
     arguments: dict[str, Any] = field(default_factory=lambda: {"place": "Tokyo"})
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # Replies served first, one per request, before `mode` applies: {"content": ...} or {"tool": ..., "arguments": ...}
+    queue: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _completion(message: dict[str, Any]) -> dict[str, Any]:
@@ -43,6 +45,13 @@ def make_app(script: Script) -> FastAPI:
     async def complete(request: Request) -> Response:
         body = await request.json()
         script.requests.append(body)
+        if script.queue:
+            reply = script.queue.pop(0)
+            if "tool" not in reply:
+                return JSONResponse(_completion({"content": reply["content"]}))
+            call = {"id": f"call_{len(script.requests)}", "type": "function",
+                    "function": {"name": reply["tool"], "arguments": json.dumps(reply["arguments"])}}
+            return JSONResponse(_completion({"content": None, "tool_calls": [call]}))
         if script.mode == "hang":
             await asyncio.sleep(30)
         if script.mode == "error500":

@@ -24,6 +24,7 @@ async def ask(settings: ServerSettings, question: str, timezone: str | None = No
             "text": answer.text, "normalised": normalise_text(answer.text), "source": answer.source,
             "tool": answer.tool,
         },
+        "outcome": result.outcome,
         "reason": result.reason,
         "llm": settings.llm_base_url,
         "timings_ms": {k: round(v, 2) for k, v in result.timings_ms.items()},

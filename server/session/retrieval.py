@@ -17,9 +17,12 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 from backend_agent.agent import Agent
+from backend_agent.answer import Outcome
 from backend_agent.asr.streaming import StreamingASR, Transcript
 from backend_agent.context_store import ContextStore
 from backend_agent.question import is_question
+from backend_agent.request import Answered, Request, last_words
+from backend_agent.router import request_text
 from backend_agent.tools.base import ToolResult
 from server.session.trigger import Trigger
 from server.wire import protocol as p
@@ -32,7 +35,9 @@ LATE_MARGIN_S = 0.25
 @dataclass(frozen=True)
 class SpanAnswer:
     """What becomes a span, with what the span events report about how it came to be; it travels whole from the
-    retrieval (or an app's `span.inject`) to the span's outcome."""
+    retrieval (or an app's `span.inject`) to the span's outcome. `outcome` "tool" or "llm" carries the answer's
+    text; "empty" (`tool` ran and found nothing) and "none" (nothing could answer) carry no text, and come only with
+    `RetrievalConfig.abstain`, for checkpoints trained on an abstain span."""
 
     text: str
     source: str
@@ -40,6 +45,7 @@ class SpanAnswer:
     question: str | None  # None for an app's span
     triggered: float  # time.perf_counter() of the `<ret>` (or the question, in asr mode; the request, for an app)
     timings_ms: dict[str, float] = field(default_factory=dict)
+    outcome: Outcome = "tool"
 
 
 @dataclass
@@ -51,6 +57,8 @@ class RetrievalConfig:
     trigger: Trigger = "ret"  # the model's token, or a question in a final transcript (see server/session/trigger.py)
     context_turns: int = 12
     context_chars: int = 2000
+    answered_kept: int = 5  # answered requests the agent sees (follow-ups, "that")
+    abstain: bool = False  # hand "empty" / "none" outcomes to the session (abstain span) instead of dropping them
 
 
 class Retrieval:
@@ -169,24 +177,49 @@ class Retrieval:
             remaining = self.config.deadline_s - (time.perf_counter() - triggered)
             if remaining <= 0:
                 raise TimeoutError
-            result = await self.agent.answer(question, context, remaining)
+            request = self._request(question)
+            result = await self.agent.answer(question, context, remaining, request)
             timings.update(result.timings_ms)
             if result.answer is None:
+                if self.config.abstain and result.outcome in ("empty", "none"):
+                    self.on_answer(SpanAnswer("", "", result.tool or "", question, triggered, timings,
+                                              result.outcome))
+                    return
                 self._dropped(result.reason or "no answer", triggered, timings, question)
                 return
             answer = result.answer
-            self.store.record_tool_result(self.user_id, self.session_id, answer.tool, {"question": question},
-                                          ToolResult(answer.text, answer.source))
-            self.on_answer(SpanAnswer(answer.text, answer.source, answer.tool, question, triggered, timings))
+            self.store.record_tool_result(self.user_id, self.session_id, answer.tool, answer.arguments,
+                                          ToolResult(answer.text, answer.source), request_text(request))
+            self.on_answer(SpanAnswer(answer.text, answer.source, answer.tool, question, triggered, timings,
+                                      answer.outcome))
         except (asyncio.CancelledError, TimeoutError):
             raise
         except Exception as exc:  # the backend failing must cost one span, never the session
             logger.exception("retrieval failed in session %s", self.session_id)
             self._dropped(f"backend error: {type(exc).__name__}: {exc}", triggered, timings)
 
+    def _request(self, question: str) -> Request:
+        """The request with the reference router's semantics, from the store: the user's turns since the last
+        answered request (the picked question last), the agent's last words since the user's last turn (those still
+        being spoken included), the answered history, the profile's place."""
+        turns = self.store.turns(self.session_id, limit=self.config.context_turns)
+        tools = [i for i, turn in enumerate(turns) if turn.role == "tool"]
+        since = turns[tools[-1] + 1:] if tools else turns
+        utterances = [turn.text for turn in since if turn.role == "user"]
+        if question and (not utterances or utterances[-1] != question):
+            utterances.append(question)
+        users = [i for i, turn in enumerate(since) if turn.role == "user"]
+        spoken = [turn.text for turn in since[users[-1] + 1 if users else 0:] if turn.role == "agent"]
+        agent_words = last_words(" ".join([*spoken, "".join(self._agent_pieces)]))
+        answered = tuple(Answered(r.question, r.tool, r.arguments, r.text)
+                         for r in self.store.tool_results(self.session_id, self.config.answered_kept))
+        location = self.store.get_profile(self.user_id).location
+        return Request(tuple(utterances), agent_words, answered, location)
+
     async def _pick_question(self) -> tuple[str, float]:
         """A fresh final utterance; else wait briefly for the final (of an utterance still going on, or ended and
-        still being transcribed); else transcribe the last seconds heard."""
+        still being transcribed); else transcribe the last seconds heard (a second `<ret>` with no new utterance
+        hears the old question again); else, when those seconds hold no speech, the last question answered."""
         if self.asr is None:
             return "", 0.0
         fresh = self._fresh_final()
@@ -199,6 +232,9 @@ class Retrieval:
             return fresh.text, 0.0
         started = time.perf_counter()
         text = await self.asr.transcribe_recent(self.config.recent_audio_s)
+        if not text.strip():
+            answered = self.store.tool_results(self.session_id, 1)
+            text = answered[0].question if answered else text
         return text, (time.perf_counter() - started) * 1e3
 
     def _fresh_final(self) -> Transcript | None:

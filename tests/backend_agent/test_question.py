@@ -4,6 +4,7 @@ import pytest
 
 from backend_agent.agent import user_message
 from backend_agent.question import best_question, candidates, is_question
+from backend_agent.request import Request
 
 
 @pytest.mark.parametrize(
@@ -64,6 +65,6 @@ def test_is_question(utterance: str, asking: bool) -> None:
 
 
 def test_the_llm_gets_the_bare_question_next_to_what_was_heard() -> None:
-    assert user_message("What time is it in Tokyo?") == "What time is it in Tokyo?"
-    assert user_message(" Hi. What time is it in Tokyo? Thanks. ") == (
+    assert user_message(Request.of("What time is it in Tokyo?")) == "What time is it in Tokyo?"
+    assert user_message(Request.of(" Hi. What time is it in Tokyo? Thanks. ")) == (
         "Heard (speech recognition): Hi. What time is it in Tokyo? Thanks.\nThe question: What time is it in Tokyo?")

@@ -131,6 +131,28 @@ def test_recordings_context_store_and_model_caches_are_volumes(compose: dict[str
     assert named <= set(compose["volumes"])
 
 
+def test_compose_serves_the_context_spanning_model_by_default_with_moshi_and_personaplex_documented(
+    compose: dict[str, Any],
+) -> None:
+    from frontend_model.loading.checkpoint.files import CONTEXT_SPANNING_WEIGHTS
+    from frontend_model.loading.profiles import PROFILE_LAYOUTS
+
+    env = compose["services"]["contextspan"]["environment"]
+    profile, checkpoint = _default(env["CONTEXTSPAN_PROFILE"]), _default(env["CONTEXTSPAN_CHECKPOINT"])
+    assert PROFILE_LAYOUTS[profile] == "contextspan", "the product's compose runs the model that emits <ret>"
+    mounts = dict(v.split(":")[::-1] for v in compose["services"]["contextspan"]["volumes"])
+    assert Path(checkpoint).is_relative_to("/models") and mounts["/models"] == "model-cache"
+    # The compose defaults and .env.example agree, and the files and the alternatives are written down.
+    assert (_env_example()["CONTEXTSPAN_PROFILE"], _env_example()["CONTEXTSPAN_CHECKPOINT"]) == (profile, checkpoint)
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    for text in (ENV_EXAMPLE.read_text(), operations):
+        assert "nvidia/personaplex-7b-v1" in text and CONTEXT_SPANNING_WEIGHTS in text
+    example = ENV_EXAMPLE.read_text()
+    assert "CONTEXTSPAN_PROFILE=moshi" in example and "CONTEXTSPAN_PROFILE=personaplex" in example
+    assert "| Moshi | `moshi` | `kyutai/moshiko-pytorch-bf16`" in operations
+    assert "| PersonaPlex | `personaplex` |" in operations and checkpoint in operations
+
+
 def test_env_example_names_every_variable_the_compose_files_use() -> None:
     used = set(re.findall(r"\$\{([A-Z0-9_]+)", COMPOSE.read_text() + REPLICAS.read_text()))
     assert used - set(_env_example()) == set()

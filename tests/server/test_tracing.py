@@ -58,7 +58,8 @@ def test_retrieval_spans_nest_under_the_conversation(spans: InMemorySpanExporter
             script.mode, script.tool, script.arguments = "tool_call", "arithmetic", {"expression": "12*7"}
             client = ChatClient(LLMConfig(base_url=url, model="fake"))
             agent = Agent(build_catalogue(), client)
-            retrieval = Retrieval("s1", "u1", agent, ContextStore(), _FreshFinal("What is 12 times 7?"),  # type: ignore[arg-type]
+            heard = _FreshFinal("What do I get if I multiply a dozen by seven?")  # no built-in intent: the LLM picks
+            retrieval = Retrieval("s1", "u1", agent, ContextStore(), heard,  # type: ignore[arg-type]
                                   answers.append, events.append, lambda: 0.0)
             with trace.get_tracer("test").start_as_current_span("conversation"):
                 retrieval.trigger()
