@@ -44,6 +44,7 @@ class AgentResult:
     answer: Answer | None
     reason: str | None = None  # why there is no answer
     timings_ms: dict[str, float] = field(default_factory=dict)
+    found_nothing: bool = False  # no answer because the backend looked and nothing answers (not a failure)
 
 
 class Agent:
@@ -78,7 +79,7 @@ class Agent:
             answer = await self._in_thread(self.router.answer, deadline, question)
         timings["tool_ms"] = (time.perf_counter() - started) * 1000
         if answer is None:
-            return AgentResult(None, "no built-in tool answers this (no LLM configured)", timings)
+            return AgentResult(None, "no built-in tool answers this (no LLM configured)", timings, found_nothing=True)
         return AgentResult(answer, None, timings)
 
     async def _ask_llm(self, question: str, context: str, deadline: float, timings: dict[str, float]) -> AgentResult:
@@ -110,7 +111,7 @@ class Agent:
                     raise
                 except ToolError as exc:
                     span.set_status(StatusCode.ERROR, str(exc))
-                    return AgentResult(None, f"tool {call.name} could not answer: {exc}", timings)
+                    return AgentResult(None, f"tool {call.name} could not answer: {exc}", timings, found_nothing=True)
                 except Exception as exc:  # a crashing tool must cost one span, never the session
                     span.set_status(StatusCode.ERROR, str(exc))
                     return AgentResult(None, f"tool {call.name} failed: {type(exc).__name__}: {exc}", timings)
@@ -119,9 +120,9 @@ class Agent:
             return AgentResult(Answer(text=result.text, source=result.source, tool=call.name), None, timings)
         text = (reply.content or "").strip()
         if not text or "NO_ANSWER" in text:
-            return AgentResult(None, "LLM gave no answer", timings)
-        return AgentResult(Answer(text=text[:MAX_ANSWER_CHARS], source=f"llm:{self.llm.config.model}", tool="llm"),
-                           None, timings)
+            return AgentResult(None, "LLM gave no answer", timings, found_nothing=True)
+        return AgentResult(Answer(text=text[:MAX_ANSWER_CHARS], source=f"llm:{self.llm.config.model}", tool="llm",
+                                  tool_result=False), None, timings)
 
     async def _in_thread(self, fn: Any, deadline: float, *args: Any) -> Any:
         loop = asyncio.get_running_loop()

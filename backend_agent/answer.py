@@ -6,10 +6,15 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Answer(BaseModel):
-    """One short reference text, where it came from, and which tool produced it."""
+    """One short reference text, where it came from, and which tool produced it.
+
+    `tool_result`: the text is a tool's output verbatim (a Context Spanning span reads it behind `(tool result) `);
+    False for an LLM's own words.
+    """
 
     model_config = ConfigDict(frozen=True)
 
     text: str
     source: str
     tool: str
+    tool_result: bool = True

@@ -82,7 +82,8 @@ class OfflineSession:
         wav = StereoWavWriter(out_wav) if out_wav else None
         trigger = resolve_trigger(self.settings.trigger, self.model.layout, forced_ret=bool(self.ret_frames))
         retrieval = self.backend.retrieval_for("offline", "offline", self._on_answer, self.emit,
-                                               lambda: self.assembler.stream_time, lambda exc: None, trigger.trigger)
+                                               lambda: self.assembler.stream_time, lambda exc: None, trigger.trigger,
+                                               self.model.span.contract)
         loop = asyncio.get_running_loop()
         self.model_session.open(None)
         start = time.perf_counter()

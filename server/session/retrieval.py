@@ -21,6 +21,7 @@ from backend_agent.asr.streaming import StreamingASR, Transcript
 from backend_agent.context_store import ContextStore
 from backend_agent.question import is_question
 from backend_agent.tools.base import ToolResult
+from frontend_model.span.contract import SpanContract
 from server.session.trigger import Trigger
 from server.wire import protocol as p
 
@@ -50,6 +51,7 @@ class RetrievalConfig:
     trigger: Trigger = "ret"  # the model's token, or a question in a final transcript (see server/session/trigger.py)
     context_turns: int = 12
     context_chars: int = 2000
+    contract: SpanContract = field(default_factory=SpanContract)  # the model's: tool prefix, abstain span
 
 
 class Retrieval:
@@ -170,13 +172,20 @@ class Retrieval:
                 raise TimeoutError
             result = await self.agent.answer(question, context, remaining)
             timings.update(result.timings_ms)
+            contract = self.config.contract
             if result.answer is None:
+                if result.found_nothing and contract.abstain_text:
+                    # A model trained with an abstain span says it does not know, instead of making something up.
+                    self.on_answer(SpanAnswer(contract.abstain_text, result.reason or "nothing found", "abstain",
+                                              question, triggered, timings))
+                    return
                 self._dropped(result.reason or "no answer", triggered, timings, question)
                 return
             answer = result.answer
             self.store.record_tool_result(self.user_id, self.session_id, answer.tool, {"question": question},
                                           ToolResult(answer.text, answer.source))
-            self.on_answer(SpanAnswer(answer.text, answer.source, answer.tool, question, triggered, timings))
+            self.on_answer(SpanAnswer(contract.span_text(answer.text, answer.tool_result), answer.source, answer.tool,
+                                      question, triggered, timings))
         except (asyncio.CancelledError, TimeoutError):
             raise
         except Exception as exc:  # the backend failing must cost one span, never the session

@@ -33,13 +33,14 @@ from server.ops.heap import trim_heap
 from server.ops.metrics import Metrics
 from server.ops.recording import SessionRecording
 from server.session.backend import Backend
-from server.session.persona import build_persona_block
+from server.session.persona import build_persona_block, persona_and_voice
 from server.session.retrieval import Retrieval, SpanAnswer
 from server.session.spans import FrameOutput, SpanOutcome, SpanRequest, span_event
 from server.session.trigger import Trigger
 from server.settings import ServerSettings
 from server.wire import protocol as p
 from server.wire.frame_clock import FrameAssembler, InputFrame, phase_pad
+from server.wire.leveller import UserLeveller
 from server.wire.opus import OpusDecoder, OpusEncoder
 from server.wire.outbound import OutboundQueue, Outgoing
 
@@ -67,7 +68,7 @@ class SessionOptions:
     """What the client chose at connect time (query parameters) and later (`session.update`)."""
 
     events: bool = False
-    persona: str = ""
+    persona: str | None = None  # None: the checkpoint's default (server/session/persona.py)
     voice: str | None = None
     profile: p.UserProfile | None = None
     notes: str | None = None
@@ -75,9 +76,10 @@ class SessionOptions:
 
     @classmethod
     def from_query(cls, query: dict[str, str], default_persona: str) -> SessionOptions:
-        """Raises ValueError for sampling parameters out of range, saying which and why."""
+        """Raises ValueError for sampling parameters out of range, saying which and why. A persona given, even empty,
+        is the one in effect; none given and no server default leaves the checkpoint's."""
         events = query.get("events", "").lower() in ("1", "true", "json", "yes")
-        persona = query.get("persona", query.get("text_prompt", default_persona))
+        persona = query.get("persona", query.get("text_prompt", default_persona or None))
         voice = query.get("voice", query.get("voice_prompt")) or None
         return cls(events=events, persona=persona, voice=voice, sampling=p.SamplingQuery.parse(query))
 
@@ -141,6 +143,7 @@ class Session:
         self.decoder = OpusDecoder()
         self.encoder = OpusEncoder()
         self.assembler = FrameAssembler()
+        self.leveller = UserLeveller() if settings.level_user_audio else None
         self._frames: deque[InputFrame] = deque()
         self._frame_ready = asyncio.Event()
         self._span: SpanRequest | None = None
@@ -202,9 +205,10 @@ class Session:
         announcer = asyncio.create_task(self._announce_preparing(preparing)) if self.options.events else None
         holder = asyncio.create_task(self._hold_early_messages(preparing.early))
         try:
+            persona, voice = persona_and_voice(self.model, self.options.persona, self.options.voice, self._profile())
             # Tokenising and reading a voice file: off the event loop, and off the worker that steps the others.
-            prefix = await asyncio.to_thread(build_persona_block, self.model, self.options.persona,
-                                             self.options.voice, self.batcher.max_prefix_frames)
+            prefix = await asyncio.to_thread(build_persona_block, self.model, persona, voice,
+                                             self.batcher.max_prefix_frames)
             preparing.stage, preparing.prefix_frames = "prefill", prefix.frames if prefix else 0
             sampling = self.sampling = resolve_sampling(self.batcher.sampling, self.options.sampling)
             prefill_s = await self.batcher.open(self.slot, prefix, sampling)
@@ -222,14 +226,15 @@ class Session:
         self.emit(p.SessionReady(
             t=0.0, session_id=self.id, profile=self.model.profile, random_weights=self.model.random_weights,
             description=self.model.description, prefix_frames=prefix.frames if prefix else 0,
-            prefill_ms=round(prefill_s * 1e3, 2), trigger=self.trigger, app_spans=self.app_spans,
+            prefill_ms=round(prefill_s * 1e3, 2), persona=persona, voice=voice, trigger=self.trigger,
+            app_spans=self.app_spans,
             sampling=p.Sampling(**asdict(sampling)), unsupported=self.options.sampling.unsupported(),
             recording=self._recording_links() if self.recording else None,
         ))
         if self.backend is not None:
             self.retrieval = self.backend.retrieval_for(
                 self.id, self.user_id, self._on_answer, self.emit, lambda: self.assembler.stream_time,
-                self._on_backend_error, self.trigger)
+                self._on_backend_error, self.trigger, self.model.span.contract)
         try:
             error = await self._stream(preparing.early)
             if error is not None:
@@ -240,6 +245,12 @@ class Session:
             retrieval, self.retrieval = self.retrieval, None
             if retrieval is not None:
                 await retrieval.close()
+
+    def _profile(self) -> Profile | None:
+        """What the context store knows of a named user (their name and place join the persona)."""
+        if self.backend is None or self.user_id == self.id:
+            return None
+        return self.backend.store.get_profile(self.user_id)
 
     async def _hold_early_messages(self, early: list[Message]) -> None:
         """Reads what a client sends before the handshake, to be handled first once streaming. Unread, one message
@@ -358,6 +369,8 @@ class Session:
         if pcm.size and not self._phase_set:
             self._set_phase(pcm.size)
         for frame in self.assembler.push(pcm):
+            if self.leveller is not None:
+                frame = replace(frame, pcm=self.leveller.process(frame.pcm))
             if len(self._frames) >= self.settings.input_backlog_frames:
                 self._frames.popleft()
                 self.input_dropped += 1
