@@ -48,7 +48,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
               "retrieval": "benchmarks.retrieval_latency", "batch": "benchmarks.batch_ticks", "soak": "benchmarks.soak",
-              "faults": "benchmarks.fault_isolation"}
+              "faults": "benchmarks.fault_isolation", "levelling": "benchmarks.user_levelling"}
 
 
 def serve(settings: ServerSettings) -> int:
@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     infer_parser.add_argument("--ret-frames", default="", help="comma-separated frames at which to act as <ret>")
     infer_parser.add_argument("--realtime", action="store_true", help="pace frames at 80 ms instead of flat out")
     add_settings_flags(infer_parser)
-    bench = commands.add_parser("bench", help="benchmarks: `load`, `span`, `retrieval`, `batch`, `soak`, `faults`")
+    bench = commands.add_parser("bench", help="benchmarks: `load`, `span`, `retrieval`, `batch`, `soak`, `faults`, "
+                                   "`levelling`")
     bench.add_argument("which", choices=list(BENCHMARKS))
     commands.add_parser("client", help="say an audio file to a server: write the agent's voice, print its events")
     if argv[:1] == ["client"]:  # the client owns its flags, and needs no server settings
