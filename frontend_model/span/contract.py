@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from frontend_model.span.voice_prompt import VoicePrompt
 
+VoiceFormat = Literal["codes", "embeddings"]  # Context Spanning's agent codes, PersonaPlex's replayed embeddings
 TOOL_RESULT_PREFIX = "(tool result) "
 ABSTAIN_TEXT = "(no information found)"
 ANSWER_MAX_WORDS = 40
@@ -44,7 +46,7 @@ class SpanContract:
     max_words: int | None = None
     default_persona: str = ""
     default_voice: str | None = None
-    voice_format: str | None = None
+    voice_format: VoiceFormat | None = None
     profile_sentences: bool = False
     prefix_silences_always: bool = False
 
@@ -69,11 +71,11 @@ class SpanContract:
             return self.default_voice
         if self.voice_format is None:
             return None
-        own = [name for name in sorted(voices) if voice_format(voices[name]) == self.voice_format]
+        own = [name for name in sorted(voices) if format_of(voices[name]) == self.voice_format]
         return own[0] if own else None
 
 
-def voice_format(voice: VoicePrompt) -> str:
+def format_of(voice: VoicePrompt) -> VoiceFormat:
     return "codes" if voice.codes is not None else "embeddings"
 
 

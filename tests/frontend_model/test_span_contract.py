@@ -79,9 +79,9 @@ def test_contextspan_json_changes_the_contract_of_its_checkpoint(tmp_path: Path)
     changes = {"tool_prefix": "[tool] ", "abstain_text": "", "max_words": 12, "default_persona": "You are Bo.",
                "default_voice": "tiny-embeddings"}
     (checkpoint / OWN_CONFIG).write_text(json.dumps({**own, **changes}))
-    contract = load_model("contextspan", str(checkpoint), device="cpu").span.contract
-    assert contract == dataclasses.replace(CONTEXT_SPANNING, **changes)
-    assert contract.voice_name(None, {"tiny-codes": None, "tiny-embeddings": None}) == "tiny-embeddings"  # type: ignore[dict-item]
+    model = load_model("contextspan", str(checkpoint), device="cpu")
+    assert model.span.contract == dataclasses.replace(CONTEXT_SPANNING, **changes)
+    assert model.span.contract.voice_name(None, model.voice_prompts) == "tiny-embeddings"
     (checkpoint / OWN_CONFIG).write_text(json.dumps({**own, "max_words": 0}))
     with pytest.raises(ModelLoadError, match="max_words"):
         load_model("contextspan", str(checkpoint), device="cpu")
