@@ -26,6 +26,7 @@ from backend_agent.context_store import Profile
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.row_sampling import RowSampling, SamplingConfig
+from frontend_model.span.block import Prefix
 from server.batching.batcher import Batcher
 from server.guard.auth import RecordingSigner
 from server.guard.limits import AbuseCounter, RateLimiter
@@ -205,10 +206,8 @@ class Session:
         announcer = asyncio.create_task(self._announce_preparing(preparing)) if self.options.events else None
         holder = asyncio.create_task(self._hold_early_messages(preparing.early))
         try:
-            persona, voice = persona_and_voice(self.model, self.options.persona, self.options.voice, self._profile())
-            # Tokenising and reading a voice file: off the event loop, and off the worker that steps the others.
-            prefix = await asyncio.to_thread(build_persona_block, self.model, persona, voice,
-                                             self.batcher.max_prefix_frames)
+            # Reading the profile, tokenising: off the event loop, and off the worker that steps the others.
+            persona, voice, prefix = await asyncio.to_thread(self._prefix)
             preparing.stage, preparing.prefix_frames = "prefill", prefix.frames if prefix else 0
             sampling = self.sampling = resolve_sampling(self.batcher.sampling, self.options.sampling)
             prefill_s = await self.batcher.open(self.slot, prefix, sampling)
@@ -246,11 +245,13 @@ class Session:
             if retrieval is not None:
                 await retrieval.close()
 
-    def _profile(self) -> Profile | None:
-        """What the context store knows of a named user (their name and place join the persona)."""
-        if self.backend is None or self.user_id == self.id:
-            return None
-        return self.backend.store.get_profile(self.user_id)
+    def _prefix(self) -> tuple[str, str | None, Prefix | None]:
+        """The persona and voice in effect, and their prefix; a named user's name and place (from the context store)
+        join the persona."""
+        backend = self.backend
+        profile = backend.store.get_profile(self.user_id) if backend is not None and self.user_id != self.id else None
+        persona, voice = persona_and_voice(self.model, self.options.persona, self.options.voice, profile)
+        return persona, voice, build_persona_block(self.model, persona, voice, self.batcher.max_prefix_frames)
 
     async def _hold_early_messages(self, early: list[Message]) -> None:
         """Reads what a client sends before the handshake, to be handled first once streaming. Unread, one message
