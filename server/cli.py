@@ -48,7 +48,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
               "retrieval": "benchmarks.retrieval_latency", "batch": "benchmarks.batch_ticks", "soak": "benchmarks.soak",
-              "faults": "benchmarks.fault_isolation", "qa": "benchmarks.qa"}
+              "faults": "benchmarks.fault_isolation", "qa": "benchmarks.qa", "levelling": "benchmarks.user_levelling"}
 
 
 def serve(settings: ServerSettings) -> int:

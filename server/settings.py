@@ -86,7 +86,10 @@ class ServerSettings(BaseSettings):
     )
     span_deadline_s: float = Field(2.5, gt=0, description="a span requested longer ago than this is dropped")
     max_persona_chars: int = Field(2000, ge=0, description="longer personas are refused with close code 1008")
-    persona: str = Field("", description="default persona / system prompt prefilled before the handshake")
+    persona: str = Field("", description="default persona / system prompt prefilled before the handshake; empty: "
+                         "the checkpoint's own (Context Spanning: the persona of its training, naming the user)")
+    level_user_audio: bool = Field(True, description="bring the user's audio to -24 LUFS, per session as it streams, "
+                                   "before the model and the ASR hear it (the loudness Context Spanning trained on)")
     recordings: bool = Field(True, description="write a stereo WAV and a JSONL transcript per session")
     recordings_dir: Path = Field(Path("recordings"), description="where session WAV and JSONL files go")
     web_client: bool = Field(True, description="serve the browser demo at /")

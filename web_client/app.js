@@ -53,7 +53,8 @@ function onEvent(event) {
       }
       if (event.random_weights) $("random-warning").hidden = false;
       addEvent(`session ${event.session_id} ready: ${event.prefix_frames} persona frames prefilled in `
-        + `${event.prefill_ms} ms; retrieval starts on `
+        + `${event.prefill_ms} ms (voice ${event.voice || "none"}; persona ${event.persona ? "\u201c" + event.persona
+        + "\u201d" : "none"}); retrieval starts on `
         + (event.trigger === "ret" ? "the model's ⟨ret⟩" : "a question heard in your speech"));
       break;
     case "session.preparing": // a long persona / voice prefill: the handshake is still to come

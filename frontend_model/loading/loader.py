@@ -46,6 +46,7 @@ from frontend_model.span.config import (
     PREFIX_SILENCE_FRAMES,
     SpanConfig,
 )
+from frontend_model.span.contract import CONTRACTS, SpanContract
 from frontend_model.span.placeholders import compute_placeholder_codes
 from frontend_model.span.text_ids import AgentText
 from frontend_model.span.voice_prompt import VoicePrompt
@@ -163,7 +164,7 @@ def _load_checkpoint(
         silence, sine = compute_placeholder_codes(mimi)
         overrides = overrides.model_copy(update={"silence_codes": silence, "sine_codes": sine})
     span = _span_config(lm, overrides, str(files.own_config or files.source), dep_q=trained,
-                        prefix_silence_frames=PREFIX_SILENCE_FRAMES[layout])
+                        prefix_silence_frames=PREFIX_SILENCE_FRAMES[layout], contract=CONTRACTS[layout])
     voices = load_voices(files.voices, VoiceShape.of(lm))
     if PROFILE_LAYOUTS[profile] != layout:
         logger.warning("profile %s, but %s holds a %s checkpoint", profile, checkpoint, layout)
@@ -208,7 +209,8 @@ def _load_mimi(files: CheckpointFiles, device: str, num_codebooks: int) -> MimiM
 
 
 def _span_config(lm: LMModel, overrides: SpanOverrides, source: str, dep_q: int | None = None,
-                 prefix_silence_frames: int = CONTEXT_SPANNING_PREFIX_SILENCE_FRAMES) -> SpanConfig:
+                 prefix_silence_frames: int = CONTEXT_SPANNING_PREFIX_SILENCE_FRAMES,
+                 contract: SpanContract | None = None) -> SpanConfig:
     agent = lm.n_q // 2
     silence = overrides.silence_codes or PERSONAPLEX_SILENCE_CODES
     sine = overrides.sine_codes or PERSONAPLEX_SINE_CODES
@@ -217,7 +219,7 @@ def _span_config(lm: LMModel, overrides: SpanOverrides, source: str, dep_q: int 
             ret_id=overrides.ret_id, open_id=overrides.open_id, close_id=overrides.close_id,
             text_pad_id=lm.existing_text_padding_id, silence_codes=tuple(silence), sine_codes=tuple(sine),
             agent_codebooks=agent, user_codebooks=lm.n_q - agent, dep_q=dep_q or lm.dep_q, context=lm.context or 0,
-            prefix_silence_frames=prefix_silence_frames,
+            prefix_silence_frames=prefix_silence_frames, contract=overrides.contract(contract or SpanContract()),
         )
     except ValueError as exc:
         raise ModelLoadError(f"{source}: {exc}") from exc

@@ -60,6 +60,12 @@ def cut_at_word_boundary(
     return ids[:limit]
 
 
+def cut_at_words(ids: list[int], words: int, tokenizer: sentencepiece.SentencePieceProcessor) -> list[int]:
+    """The tokens of the first `words` words: a word starts at a piece that starts one, or at the first token."""
+    starts = [i for i, token in enumerate(ids) if i == 0 or tokenizer.id_to_piece(token).startswith(WORD_START)]
+    return ids[: starts[words]] if len(starts) > words else ids
+
+
 def frames_block(text_ids: list[int], agent: torch.Tensor, user: torch.Tensor) -> Block:
     """Stack a text row over [agent, n] and [user, n] code rows."""
     text = torch.tensor(text_ids, dtype=torch.long)[None]
@@ -79,7 +85,10 @@ def build_span(
     max_frames: int,
     forbidden: frozenset[int] | None = None,
 ) -> SpanBuild:
-    """Backend text -> `[open] + tokens + [close]` with silence on agent rows and sine on user rows."""
+    """Backend text -> `[open] + tokens + [close]` with silence on agent rows and sine on user rows.
+
+    Cut at a word boundary to fit `max_frames`, and to the contract's `max_words`; the cut is reported.
+    """
     if max_frames < MIN_SPAN_FRAMES:
         raise ValueError(f"max_frames must leave room for open, one token and close, got {max_frames}")
     forbidden = forbidden if forbidden is not None else non_text_ids(tokenizer, span)
@@ -88,6 +97,12 @@ def build_span(
         reason = "empty text" if not text.strip() else "nothing left after removing control text"
         return SpanBuild(None, normalised, (), reason=reason)
     kept = cut_at_word_boundary(ids, max_frames - 2, tokenizer)
+    contract = span.contract
+    if contract.max_words is not None:
+        # The cap is on the answer: the tool prefix in front of it is not counted.
+        lead = contract.tool_prefix.strip()
+        kept = cut_at_words(kept, contract.max_words + (len(lead.split()) if lead and normalised.startswith(lead)
+                                                        else 0), tokenizer)
     truncated = len(kept) < len(ids)
     row = [span.open_id, *kept, span.close_id]
     agent, user = placeholder_rows(span, len(row))
@@ -144,20 +159,26 @@ def build_prefix(
     """Persona prefix in the family's order: voice prompt, silence, `<system> persona <system>`, silence.
 
     One text token a frame with silence on the agent rows and the sine on the user rows; `span.prefix_silence_frames`
-    silence frames after the voice and after the text. `delays` (the LM's) place an embeddings voice prompt.
+    silence frames after the voice and after the text, and in their place when there is no voice or no text if the
+    contract says the family always runs them. `delays` (the LM's) place an embeddings voice prompt.
     """
     forbidden = forbidden if forbidden is not None else non_text_ids(tokenizer, span)
+    always = span.contract.prefix_silences_always
     embeddings = carry = None
     parts: list[Block] = []
     if voice is not None:
         embeddings, carry, frames = voice_part(voice, span, delays)
-        parts += [frames, silence_frames(span, span.prefix_silence_frames)]
+        parts.append(frames)
+    if voice is not None or always:
+        parts.append(silence_frames(span, span.prefix_silence_frames))
     _, persona_ids = tokenize_data_text(system_text, tokenizer, forbidden)
     if persona_ids:
         marker = tokenizer.encode("<system>")
         row = [*marker, *persona_ids, *marker]
         agent, user = placeholder_rows(span, len(row))
-        parts += [frames_block(row, agent, user), silence_frames(span, span.prefix_silence_frames)]
+        parts.append(frames_block(row, agent, user))
+    if persona_ids or always:
+        parts.append(silence_frames(span, span.prefix_silence_frames))
     if not parts:
         return None
     return Prefix(Block(torch.cat([p.tokens for p in parts], dim=1)), embeddings, carry)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from frontend_model.span.contract import SpanContract
 
 # Mimi codes of 80 ms of silence and of a 440 Hz sine at amplitude 0.5 for PersonaPlex-family codec weights.
 PERSONAPLEX_SILENCE_CODES = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
@@ -23,7 +25,8 @@ class SpanConfig:
 
     `agent_codebooks` / `user_codebooks` are the audio rows the LM reads per side (8 each for Moshi 7B);
     `dep_q` is how many rows the depformer predicts, which PersonaPlex-family checkpoints set to 16.
-    `prefix_silence_frames` follow the voice prompt and the persona text in a prefix (per family).
+    `prefix_silence_frames` follow the voice prompt and the persona text in a prefix (per family); `contract` is what
+    the model was trained to read in span text and a prefix (frontend_model/span/contract.py).
     """
 
     ret_id: int
@@ -37,6 +40,7 @@ class SpanConfig:
     dep_q: int
     context: int
     prefix_silence_frames: int = CONTEXT_SPANNING_PREFIX_SILENCE_FRAMES
+    contract: SpanContract = field(default_factory=SpanContract)
 
     def __post_init__(self) -> None:
         if len(self.silence_codes) != self.agent_codebooks:

@@ -421,7 +421,7 @@ async def serve_session(ws: WebSocket, state: ServerState) -> None:
         metrics.sessions.labels("rejected").inc()
         await ws.close(p.CLOSE_POLICY, p.close_reason("bad_sampling", str(exc)))
         return
-    if len(options.persona) > settings.max_persona_chars:
+    if len(options.persona or "") > settings.max_persona_chars:
         metrics.sessions.labels("rejected").inc()
         await ws.close(p.CLOSE_POLICY, p.close_reason("bad_persona", f"over {settings.max_persona_chars} chars"))
         return

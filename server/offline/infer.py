@@ -2,8 +2,8 @@
 
 Frames are stepped back to back (faster than real time where the machine allows) or paced at 80 ms with
 `realtime`; the backend runs concurrently in wall time, and an answer is injected at the first frame boundary after
-it arrives, exactly as in a live session. Output: a stereo WAV like a recording (left user, right agent) and the
-events, each stamped with stream time.
+it arrives, exactly as in a live session (the checkpoint's persona and voice prefilled, the user's audio levelled).
+Output: a stereo WAV like a recording (left user, right agent) and the events, each stamped with stream time.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +26,14 @@ from frontend_model.span.build import MIN_SPAN_FRAMES
 from server.offline.stack import ModelSession
 from server.ops.recording import StereoWavWriter
 from server.session.backend import Backend
+from server.session.persona import build_persona_block, persona_and_voice
 from server.session.retrieval import SpanAnswer
 from server.session.spans import SpanOutcome, SpanRequest, dropped, span_event, span_request
 from server.session.trigger import resolve_trigger
 from server.settings import ServerSettings
 from server.wire import protocol as p
 from server.wire.frame_clock import FrameAssembler
+from server.wire.leveller import UserLeveller
 
 logger = logging.getLogger(__name__)
 
@@ -84,12 +86,18 @@ class OfflineSession:
         wav = StereoWavWriter(out_wav) if out_wav else None
         trigger = resolve_trigger(self.settings.trigger, self.model.layout, forced_ret=bool(self.ret_frames))
         retrieval = self.backend.retrieval_for("offline", "offline", self._on_answer, self.emit,
-                                               lambda: self.assembler.stream_time, lambda exc: None, trigger.trigger)
+                                               lambda: self.assembler.stream_time, lambda exc: None, trigger.trigger,
+                                               self.model.span.contract)
         loop = asyncio.get_running_loop()
-        self.model_session.open(None, self.sampling)
+        persona, voice = persona_and_voice(self.model, self.settings.persona or None, None)
+        self.model_session.open(build_persona_block(self.model, persona, voice,
+                                                    self.model_session.engine.max_span_frames), self.sampling)
+        leveller = UserLeveller() if self.settings.level_user_audio else None
         start = time.perf_counter()
         try:
             for i, frame in enumerate(self.assembler.push(pcm)):
+                if leveller is not None:
+                    frame = replace(frame, pcm=leveller.process(frame.pcm))
                 if self.realtime:
                     await asyncio.sleep(max(0.0, start + (i + 1) * FRAME_S - time.perf_counter()))
                 retrieval.feed(frame.pcm)

@@ -21,6 +21,7 @@ from backend_agent.context_store import ContextStore, Profile
 from backend_agent.llm_client import ChatClient, LLMConfig
 from backend_agent.tools import build_catalogue
 from backend_agent.tools.knowledge_base import KnowledgeBase
+from frontend_model.span.contract import SpanContract
 from server.session.retrieval import Retrieval, RetrievalConfig, SpanAnswer
 from server.session.trigger import Trigger
 from server.settings import ServerSettings
@@ -117,8 +118,10 @@ class Backend:
         stream_time: Callable[[], float],
         on_error: Callable[[Exception], None],
         trigger: Trigger,
+        contract: SpanContract | None = None,
     ) -> Retrieval:
-        """A started retrieval loop for one session (must run on the event loop); `trigger` as resolved at load."""
+        """A started retrieval loop for one session (must run on the event loop); `trigger` as resolved at load,
+        `contract` the model's (tool prefix, abstain span)."""
         retrieval: Retrieval | None = None
 
         def on_transcript(transcript: Any) -> None:
@@ -131,7 +134,7 @@ class Backend:
             asr.start()
         s = self.settings
         config = RetrievalConfig(deadline_s=s.span_deadline_s, question_wait_s=s.question_wait_s,
-                                 recent_audio_s=s.recent_audio_s, trigger=trigger)
+                                 recent_audio_s=s.recent_audio_s, trigger=trigger, contract=contract or SpanContract())
         retrieval = Retrieval(session_id, user_id, self.agent_for(self.store.get_profile(user_id)), self.store, asr,
                               on_answer, emit, stream_time, config)
         return retrieval

@@ -24,6 +24,7 @@ from backend_agent.question import is_question
 from backend_agent.request import Answered, Request, last_words
 from backend_agent.router import request_text
 from backend_agent.tools.base import ToolResult
+from frontend_model.span.contract import SpanContract
 from server.session.trigger import Trigger
 from server.wire import protocol as p
 
@@ -35,9 +36,9 @@ LATE_MARGIN_S = 0.25
 @dataclass(frozen=True)
 class SpanAnswer:
     """What becomes a span, with what the span events report about how it came to be; it travels whole from the
-    retrieval (or an app's `span.inject`) to the span's outcome. `outcome` "tool" or "llm" carries the answer's
-    text; "empty" (`tool` ran and found nothing) and "none" (nothing could answer) carry no text, and come only with
-    `RetrievalConfig.abstain`, for checkpoints trained on an abstain span."""
+    retrieval (or an app's `span.inject`) to the span's outcome. `outcome` says where the text came from: a tool
+    ("tool"), the LLM's own words ("llm"), or the checkpoint's abstain span (`SpanContract.abstain_text`) when a tool
+    ran and found nothing ("empty") or nothing could answer ("none")."""
 
     text: str
     source: str
@@ -58,7 +59,7 @@ class RetrievalConfig:
     context_turns: int = 12
     context_chars: int = 2000
     answered_kept: int = 5  # answered requests the agent sees (follow-ups, "that")
-    abstain: bool = False  # hand "empty" / "none" outcomes to the session (abstain span) instead of dropping them
+    contract: SpanContract = field(default_factory=SpanContract)  # the model's: tool prefix, abstain span
 
 
 class Retrieval:
@@ -180,18 +181,20 @@ class Retrieval:
             request = self._request(question)
             result = await self.agent.answer(question, context, remaining, request)
             timings.update(result.timings_ms)
+            contract = self.config.contract
             if result.answer is None:
-                if self.config.abstain and result.outcome in ("empty", "none"):
-                    self.on_answer(SpanAnswer("", "", result.tool or "", question, triggered, timings,
-                                              result.outcome))
+                if contract.abstain_text and result.outcome in ("empty", "none"):
+                    # A model trained with an abstain span says it does not know, instead of making something up.
+                    self.on_answer(SpanAnswer(contract.abstain_text, result.reason or "nothing found", "abstain",
+                                              question, triggered, timings, result.outcome))
                     return
                 self._dropped(result.reason or "no answer", triggered, timings, question)
                 return
             answer = result.answer
             self.store.record_tool_result(self.user_id, self.session_id, answer.tool, answer.arguments,
                                           ToolResult(answer.text, answer.source), request_text(request))
-            self.on_answer(SpanAnswer(answer.text, answer.source, answer.tool, question, triggered, timings,
-                                      answer.outcome))
+            self.on_answer(SpanAnswer(contract.span_text(answer.text, answer.outcome == "tool"), answer.source,
+                                      answer.tool, question, triggered, timings, answer.outcome))
         except (asyncio.CancelledError, TimeoutError):
             raise
         except Exception as exc:  # the backend failing must cost one span, never the session

@@ -29,6 +29,7 @@ from backend_agent.context_store import Profile
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.row_sampling import RowSampling, SamplingConfig
+from frontend_model.span.block import Prefix
 from server.batching.batcher import Batcher
 from server.guard.auth import RecordingSigner
 from server.guard.limits import AbuseCounter, RateLimiter
@@ -36,13 +37,14 @@ from server.ops.heap import trim_heap
 from server.ops.metrics import Metrics
 from server.ops.recording import SessionRecording
 from server.session.backend import Backend
-from server.session.persona import build_persona_block
+from server.session.persona import build_persona_block, persona_and_voice
 from server.session.retrieval import Retrieval, SpanAnswer
 from server.session.spans import FrameOutput, SpanOutcome, span_event
 from server.session.trigger import Trigger
 from server.settings import ServerSettings
 from server.wire import protocol as p
 from server.wire.frame_clock import FrameAssembler, InputFrame, phase_pad
+from server.wire.leveller import UserLeveller
 from server.wire.opus import OpusDecoder, OpusEncoder
 from server.wire.outbound import OutboundQueue, Outgoing
 
@@ -68,7 +70,7 @@ class SessionOptions:
     """What the client chose at connect time (query parameters) and later (`session.update`)."""
 
     events: bool = False
-    persona: str = ""
+    persona: str | None = None  # None: the checkpoint's default (server/session/persona.py)
     voice: str | None = None
     profile: p.UserProfile | None = None
     notes: str | None = None
@@ -76,9 +78,10 @@ class SessionOptions:
 
     @classmethod
     def from_query(cls, query: dict[str, str], default_persona: str) -> SessionOptions:
-        """Raises ValueError for sampling parameters out of range, saying which and why."""
+        """Raises ValueError for sampling parameters out of range, saying which and why. A persona given, even empty,
+        is the one in effect; none given and no server default leaves the checkpoint's."""
         events = query.get("events", "").lower() in ("1", "true", "json", "yes")
-        persona = query.get("persona", query.get("text_prompt", default_persona))
+        persona = query.get("persona", query.get("text_prompt", default_persona or None))
         voice = query.get("voice", query.get("voice_prompt")) or None
         return cls(events=events, persona=persona, voice=voice, sampling=p.SamplingQuery.parse(query))
 
@@ -142,6 +145,7 @@ class Session:
         self.decoder = OpusDecoder()
         self.encoder = OpusEncoder()
         self.assembler = FrameAssembler()
+        self.leveller = UserLeveller() if settings.level_user_audio else None
         self._frames: deque[InputFrame] = deque()
         self._frame_ready = asyncio.Event()
         self.sampling: RowSampling | None = None  # in effect, from the prefill on
@@ -197,9 +201,8 @@ class Session:
         announcer = asyncio.create_task(self._announce_preparing(preparing)) if self.options.events else None
         holder = asyncio.create_task(self._hold_early_messages(preparing.early))
         try:
-            # Tokenising and reading a voice file: off the event loop, and off the worker that steps the others.
-            prefix = await asyncio.to_thread(build_persona_block, self.model, self.options.persona,
-                                             self.options.voice, self.batcher.max_prefix_frames)
+            # Reading the profile, tokenising: off the event loop, and off the worker that steps the others.
+            persona, voice, prefix = await asyncio.to_thread(self._prefix)
             preparing.stage, preparing.prefix_frames = "prefill", prefix.frames if prefix else 0
             sampling = self.sampling = resolve_sampling(self.batcher.sampling, self.options.sampling)
             prefill_s = await self.batcher.open(self.slot, prefix, sampling)
@@ -217,7 +220,8 @@ class Session:
         self.emit(p.SessionReady(
             t=0.0, session_id=self.id, profile=self.model.profile, random_weights=self.model.random_weights,
             description=self.model.description, prefix_frames=prefix.frames if prefix else 0,
-            prefill_ms=round(prefill_s * 1e3, 2), trigger=self.trigger, app_spans=self.app_spans,
+            prefill_ms=round(prefill_s * 1e3, 2), persona=persona, voice=voice, trigger=self.trigger,
+            app_spans=self.app_spans,
             sampling=p.Sampling(**asdict(sampling)), unsupported=self.options.sampling.unsupported(),
             recording=self._recording_links() if self.recording else None,
         ))
@@ -225,7 +229,7 @@ class Session:
             # Answers go straight to the batcher, which holds the span until its outcome comes with a frame output.
             self.retrieval = self.backend.retrieval_for(
                 self.id, self.user_id, functools.partial(self.batcher.request_span, self.slot), self.emit,
-                lambda: self.assembler.stream_time, self._on_backend_error, self.trigger)
+                lambda: self.assembler.stream_time, self._on_backend_error, self.trigger, self.model.span.contract)
         try:
             error = await self._stream(preparing.early)
             if error is not None:
@@ -236,6 +240,14 @@ class Session:
             retrieval, self.retrieval = self.retrieval, None
             if retrieval is not None:
                 await retrieval.close()
+
+    def _prefix(self) -> tuple[str, str | None, Prefix | None]:
+        """The persona and voice in effect, and their prefix; a named user's name and place (from the context store)
+        join the persona."""
+        backend = self.backend
+        profile = backend.store.get_profile(self.user_id) if backend is not None and self.user_id != self.id else None
+        persona, voice = persona_and_voice(self.model, self.options.persona, self.options.voice, profile)
+        return persona, voice, build_persona_block(self.model, persona, voice, self.batcher.max_prefix_frames)
 
     async def _hold_early_messages(self, early: list[Message]) -> None:
         """Reads what a client sends before the handshake, to be handled first once streaming. Unread, one message
@@ -352,6 +364,8 @@ class Session:
         if pcm.size and not self._phase_set:
             self._set_phase(pcm.size)
         for frame in self.assembler.push(pcm):
+            if self.leveller is not None:
+                frame = replace(frame, pcm=self.leveller.process(frame.pcm))
             if len(self._frames) >= self.settings.input_backlog_frames:
                 self._frames.popleft()
                 self.input_dropped += 1

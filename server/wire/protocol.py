@@ -198,6 +198,10 @@ class SessionReady(ServerEvent):
     description: str
     prefix_frames: int
     prefill_ms: float
+    persona: str = Field("", description="the persona text prefilled: the one asked for, else the checkpoint's "
+                         "default, with the user's name and place for Context Spanning checkpoints")
+    voice: str | None = Field(None, description="the voice prompt prefilled: the one asked for, else the "
+                              "checkpoint's default; none for checkpoints without voices")
     trigger: Literal["ret", "asr"] = Field(
         description="what starts a retrieval here: the model's `<ret>`, or a question in the user's final transcript")
     app_spans: bool = Field(description="whether this session accepts `span.inject`")

@@ -18,6 +18,7 @@ from backend_agent.agent import Agent
 from backend_agent.asr.streaming import StreamingASR, Transcript
 from backend_agent.context_store import ContextStore
 from backend_agent.tools import build_catalogue
+from frontend_model.span.contract import ABSTAIN_TEXT, CONTRACTS, SpanContract
 from server.session.retrieval import Retrieval, RetrievalConfig, SpanAnswer
 from server.wire import protocol as p
 
@@ -103,7 +104,8 @@ def test_outcomes_without_text_reach_the_session_only_for_abstain_spans(question
                                                                         abstain: bool) -> None:
     async def run() -> SpanAnswer | p.SpanDropped:
         with ThreadPoolExecutor(1) as pool:
-            session = Session(pool, "", RetrievalConfig(abstain=abstain))
+            contract = CONTRACTS["contextspan"] if abstain else SpanContract()
+            session = Session(pool, "", RetrievalConfig(contract=contract))
             session.hear(question)
             result = await session.ret()
             await session.retrieval.close()
@@ -111,6 +113,8 @@ def test_outcomes_without_text_reach_the_session_only_for_abstain_spans(question
 
     result = asyncio.run(run())
     if abstain:
-        assert isinstance(result, SpanAnswer) and (result.outcome, result.tool, result.text) == (outcome, tool, "")
+        assert isinstance(result, SpanAnswer) and (result.outcome, result.tool, result.text) == (
+            outcome, "abstain", ABSTAIN_TEXT)
+        assert tool in result.source
     else:
         assert isinstance(result, p.SpanDropped) and result.question == question
