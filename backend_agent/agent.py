@@ -75,7 +75,7 @@ class AgentResult:
     answer: Answer | None
     reason: str | None = None  # why there is no answer
     timings_ms: dict[str, float] = field(default_factory=dict)
-    outcome: Outcome = "none"
+    outcome: Outcome = "failed"
     tool: str | None = None
 
     @classmethod
@@ -148,7 +148,7 @@ class Agent:
                     span.set_status(StatusCode.ERROR, str(exc))
                     if last is not None:  # the chain ran out of time: its last tool result is the answer
                         return AgentResult.answered(last, timings)
-                    return AgentResult(None, str(exc), timings, routed.outcome, routed.tool)
+                    return AgentResult(None, str(exc), timings, "failed", routed.tool)
                 finally:
                     timings["llm_ms"] += (time.perf_counter() - started) * 1000
             if not reply.tool_calls or step == self.max_tool_steps:
@@ -195,7 +195,7 @@ class Agent:
                 return AgentResult(None, f"tool {call.name} could not answer: {exc}", timings, "empty", call.name)
             except Exception as exc:  # a crashing tool must cost one span, never the session
                 span.set_status(StatusCode.ERROR, str(exc))
-                return AgentResult(None, f"tool {call.name} failed: {type(exc).__name__}: {exc}", timings, "empty",
+                return AgentResult(None, f"tool {call.name} failed: {type(exc).__name__}: {exc}", timings, "failed",
                                    call.name)
             finally:
                 timings["tool_ms"] = timings.get("tool_ms", 0.0) + (time.perf_counter() - started) * 1000

@@ -9,8 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 # How a request ended, for the span contract of the Context Spanning model (reference `runtime/realtime.py`):
 # "tool": a tool answered (the span is its text verbatim); "empty": a tool ran and found nothing; "none": nothing
 # could answer (the last two become the abstain span where the checkpoint was trained on one); "llm": the LLM's own
-# short reference text, which never states a live value (see `backend_agent/live_values.py`).
-Outcome = Literal["tool", "empty", "none", "llm"]
+# short reference text, which never states a live value (see `backend_agent/live_values.py`); "failed": the LLM,
+# a tool or the deadline failed (no span: a failure is not knowledge that nothing answers).
+Outcome = Literal["tool", "empty", "none", "llm", "failed"]
 
 
 class Answer(BaseModel):

@@ -35,33 +35,33 @@ def ask(url: str | None, question: str) -> AgentResult:
 
 def test_a_question_no_built_in_tool_answers_found_nothing() -> None:
     result = ask(None, "Who wrote the novel about the white whale?")
-    assert result.answer is None and result.found_nothing
+    assert result.answer is None and result.outcome in ("empty", "none")
 
 
 def test_a_built_in_tool_answer_is_a_tool_result() -> None:
     result = ask(None, "What is twelve times seven?")
-    assert result.answer is not None and result.answer.tool == "arithmetic" and result.answer.tool_result
+    assert result.answer is not None and result.answer.tool == "arithmetic" and result.answer.outcome == "tool"
 
 
 def test_an_llm_that_does_not_know_found_nothing(llm_server: tuple[str, Script]) -> None:
     url, script = llm_server
     script.mode, script.content = "content", "NO_ANSWER"
     result = ask(url, "Who wrote the novel about the white whale?")
-    assert result.answer is None and result.found_nothing
+    assert result.answer is None and result.outcome in ("empty", "none")
 
 
 def test_a_tool_that_ran_and_found_nothing_found_nothing(llm_server: tuple[str, Script]) -> None:
     url, script = llm_server
     script.mode, script.tool, script.arguments = "tool_call", "time_in_place", {"place": "Atlantis"}
     result = ask(url, "What time is it in Atlantis?")
-    assert result.answer is None and result.found_nothing and "could not answer" in (result.reason or "")
+    assert result.answer is None and result.outcome in ("empty", "none") and "could not answer" in (result.reason or "")
 
 
 def test_an_llm_answer_in_its_own_words_is_not_a_tool_result(llm_server: tuple[str, Script]) -> None:
     url, script = llm_server
     script.mode, script.content = "content", "Herman Melville wrote Moby-Dick."
     result = ask(url, "Who wrote Moby-Dick?")
-    assert result.answer is not None and result.answer.tool == "llm" and not result.answer.tool_result
+    assert result.answer is not None and result.answer.tool == "llm" and result.answer.outcome == "llm"
 
 
 @pytest.mark.parametrize("mode", ["error500", "garbage"])
@@ -69,4 +69,4 @@ def test_a_failing_llm_is_a_failure_not_found_nothing(llm_server: tuple[str, Scr
     url, script = llm_server
     script.mode = mode
     result = ask(url, "Who wrote Moby-Dick?")
-    assert result.answer is None and not result.found_nothing
+    assert result.answer is None and result.outcome == "failed"
