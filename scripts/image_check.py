@@ -225,7 +225,8 @@ def check_image(docker: str, base: str, ca: Path | None) -> dict[str, Any]:
         time.sleep(2)  # the recording is flushed when the session closes
         recorded = sorted(p.name for p in recordings.rglob("*") if p.is_file())
     except Exception:
-        print(run([docker, "logs", "--tail", "80", name], quiet=True, check=False).stdout, file=sys.stderr)
+        logs = run([docker, "logs", "--tail", "80", name], quiet=True, check=False)
+        print(logs.stdout + logs.stderr, file=sys.stderr)
         raise
     finally:
         run([docker, "rm", "-f", name], quiet=True, check=False)
