@@ -105,7 +105,10 @@ class Agent:
             started = time.perf_counter()
             with tracer.start_as_current_span("tool", attributes={"tool": call.name}) as span:
                 try:
-                    result = await self._in_thread(tool.run, deadline, call.arguments)
+                    if tool.run_async is not None:
+                        result = await asyncio.wait_for(tool.run_async(call.arguments), deadline - time.monotonic())
+                    else:
+                        result = await self._in_thread(tool.run, deadline, call.arguments)
                 except TimeoutError:
                     raise
                 except ToolError as exc:
