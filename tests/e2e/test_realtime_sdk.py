@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,7 +17,9 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
+from contextspan_client.client import connect, session_token
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
+from server.wire import protocol as p
 from server.wire import realtime as rt
 from tests.backend_agent.fake_openai import Script, fake_openai
 from tests.support.speech import silence, speak
@@ -219,3 +222,51 @@ def test_a_client_secret_minted_by_a_backend_opens_one_session(server: RunningSe
     refused = httpx.post(f"{server.http}/v1/realtime/client_secrets", headers={"Authorization": "Bearer nope"},
                          timeout=5)
     assert refused.status_code == 401
+
+
+def ticks_and_frames(server: RunningServer) -> tuple[float, float]:
+    """Batched ticks run so far, and the session frames they stepped (from /metrics)."""
+    values = dict(re.findall(r"^contextspan_batch_size_(count|sum) (\S+)$", server.metrics(), re.M))
+    return float(values["count"]), float(values["sum"])
+
+
+async def api_chat_with_a_client_tool(server: RunningServer, pcm: np.ndarray) -> list[p.ServerEvent]:
+    """An `/api/chat` events client that declares the weather tool and answers its `tool.call`."""
+    events: list[p.ServerEvent] = []
+    tool = p.ClientTool(name="get_weather", description="The weather now in a place.",
+                        parameters=WEATHER_TOOL["parameters"])  # type: ignore[arg-type]
+    async with connect(server.http, token=await session_token(server.http, KEY)) as conversation:
+        await conversation.send(p.SessionUpdate(type="session.update", tools=[tool]))
+        talker = asyncio.create_task(conversation.stream_audio(np.concatenate([pcm, silence(DEADLINE_S + 20)])))
+        try:
+            async with asyncio.timeout(DEADLINE_S + 30):
+                async for item in conversation:
+                    if not isinstance(item, p.ServerEvent):
+                        continue
+                    events.append(item)
+                    if isinstance(item, p.ToolCall):
+                        result = p.ToolResult(type="tool.result", call_id=item.call_id, output="Rain in Paris.")
+                        await conversation.send(result.model_dump_json())
+                    if isinstance(item, p.SpanInjected | p.SpanDropped) and item.tool == "get_weather":
+                        break
+        finally:
+            talker.cancel()
+    return events
+
+
+def test_an_api_chat_client_runs_its_tool_in_one_batch_with_a_realtime_session(
+        server: RunningServer, question: np.ndarray) -> None:
+    ticks_before, frames_before = ticks_and_frames(server)
+
+    async def both() -> tuple[list[p.ServerEvent], Seen]:
+        return await asyncio.gather(api_chat_with_a_client_tool(server, question), converse(server, silence(8.0)))
+
+    events, realtime = asyncio.run(both())
+    ticks, frames = (a - b for a, b in zip(ticks_and_frames(server), (ticks_before, frames_before), strict=True))
+    assert not [e for e in events if e.type == "error"]
+    (call,) = [e for e in events if isinstance(e, p.ToolCall)]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"place": "Paris"}
+    (span,) = [e for e in events if isinstance(e, p.SpanInjected)]
+    assert span.tool == "get_weather" and span.text == "Rain in Paris." and span.source == "client:get_weather"
+    assert realtime.audio_samples >= 0.9 * realtime.sent_samples
+    assert ticks < frames, f"{ticks:.0f} ticks for {frames:.0f} frames: the two protocols never shared a tick"
