@@ -350,8 +350,8 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
         model = state.model
         voices = sorted(model.voice_prompts) if model else []
         name = model.profile if model else ""
-        await open_session(ws, state, credential, lambda queue: RealtimeWire(queue, dialect, name, voices),
-                           api_key_accepted=True)
+        await open_session(ws, state, credential, lambda queue: RealtimeWire(
+            queue, dialect, name, voices, settings.max_persona_chars), api_key_accepted=True)
 
     if settings.web_client and WEB_CLIENT_DIR.is_dir():
         app.mount("/", StaticFiles(directory=WEB_CLIENT_DIR, html=True), name="web_client")

@@ -60,12 +60,14 @@ class RealtimeWire:
 
     reprefills = True
 
-    def __init__(self, outbound: OutboundQueue, dialect: rt.Dialect, model: str, voices: list[str]) -> None:
+    def __init__(self, outbound: OutboundQueue, dialect: rt.Dialect, model: str, voices: list[str],
+                 max_persona_chars: int = 2000) -> None:
         """`model`: what `session.created` names; `voices`: the served model's voice prompts."""
         self.outbound = outbound
         self.dialect = dialect
         self.model = model
         self.voices = voices
+        self.max_persona_chars = max_persona_chars
         self.session_id = rt.new_id("sess")
         self._turn: _Turn | None = None
         self._muted = 0  # > 0: a cancelled turn still going, silent frames counted to its end
@@ -233,8 +235,9 @@ class RealtimeWire:
         if isinstance(event, rt.AppendEvent):
             try:
                 return [AudioIn(rt.decode_audio(event.audio))]
-            except p.ProtocolError as exc:
-                raise rt.RealtimeError(exc.code, str(exc), event.event_id, "audio") from None
+            except rt.RealtimeError as exc:
+                exc.event_id = event.event_id
+                raise
         if isinstance(event, rt.SessionUpdateEvent):
             return [self._session_update(event)]
         if isinstance(event, rt.CommitEvent):
@@ -294,6 +297,9 @@ class RealtimeWire:
 
     def _session_update(self, event: rt.SessionUpdateEvent) -> p.SessionUpdate:
         session = event.session
+        if session.instructions is not None and len(session.instructions) > self.max_persona_chars:
+            raise rt.RealtimeError("bad_persona", f"instructions are over {self.max_persona_chars} characters",
+                                   event.event_id, "session.instructions")
         problem = rt.input_format_problem(session)
         if problem is not None:
             raise rt.RealtimeError("unsupported_audio_format", f"input audio {problem} is not accepted: send "

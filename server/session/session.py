@@ -432,13 +432,9 @@ class Session:
             prefill_ms=round(prefill_s * 1e3, 2) if prefill_s is not None else None)
 
     def _change_persona(self, update: p.SessionUpdate) -> None:
-        """A new persona or voice is prefilled at the next frame boundary (the model's context starts again)."""
-        if update.voice is not None and update.voice not in self.model.voice_prompts:
-            raise p.ProtocolError("unknown_voice", f"voice {update.voice[:80]!r} is not one of this model's: "
-                                  f"{', '.join(sorted(self.model.voice_prompts)) or 'none'}")
+        """A new persona or voice is prefilled at the next frame boundary (the model's context starts again); the
+        wire has checked them (a known voice, a persona within `max_persona_chars`)."""
         if update.persona is not None:
-            if len(update.persona) > self.settings.max_persona_chars:
-                raise p.ProtocolError("bad_persona", f"over {self.settings.max_persona_chars} chars")
             self.options.persona = update.persona
         if update.voice is not None:
             self.options.voice = update.voice
@@ -450,8 +446,8 @@ class Session:
         try:
             prefix = await asyncio.to_thread(build_persona_block, self.model, self.options.persona,
                                              self.options.voice, self.batcher.max_prefix_frames)
-        except PersonaError as exc:
-            self._protocol_error(p.ProtocolError("bad_persona", str(exc)))
+        except PersonaError as exc:  # the session goes on with the prefix it has
+            self.emit(p.ErrorEvent(t=self.assembler.stream_time, code="bad_persona", message=str(exc)))
             return
         prefill_s = await self.batcher.open(self.slot, prefix, self.sampling)
         self.emit(self._updated(prefix.frames if prefix else 0, prefill_s))

@@ -46,20 +46,30 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
 
 
+class RealtimeError(ProtocolError):
+    """A bad client event, answered with an `error` event naming the event (its `event_id`) and the field."""
+
+    def __init__(self, code: str, message: str, event_id: str | None = None, param: str | None = None) -> None:
+        super().__init__(code, message)
+        self.event_id = event_id
+        self.param = param
+
+
 # audio ------------------------------------------------------------------------------------------------------
 
 
 def decode_audio(text: str) -> np.ndarray:
-    """Base64 PCM16 -> float32 in [-1, 1); raises ProtocolError for oversize, bad base64 or an odd byte count."""
+    """Base64 PCM16 -> float32 in [-1, 1); raises RealtimeError for oversize, bad base64 or an odd byte count."""
     if len(text) > MAX_APPEND_BASE64:
-        raise ProtocolError("audio_too_large", f"one append holds at most {MAX_APPEND_SECONDS:g} s of audio "
-                            f"({MAX_APPEND_BASE64} base64 characters); send smaller chunks")
+        raise RealtimeError("audio_too_large", f"one append holds at most {MAX_APPEND_SECONDS:g} s of audio "
+                            f"({MAX_APPEND_BASE64} base64 characters); send smaller chunks", param="audio")
     try:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise ProtocolError("invalid_audio", "input_audio_buffer.append audio is not valid base64") from None
+        raise RealtimeError("invalid_audio", "input_audio_buffer.append audio is not valid base64",
+                            param="audio") from None
     if len(raw) % 2:
-        raise ProtocolError("invalid_audio", "PCM16 audio must be a whole number of 2-byte samples")
+        raise RealtimeError("invalid_audio", "PCM16 audio must be a whole number of 2-byte samples", param="audio")
     return np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
 
 
@@ -205,15 +215,6 @@ _client_adapter: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
 CLIENT_TYPES = ("session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
                 "input_audio_buffer.clear", "conversation.item.create", "conversation.item.truncate",
                 "conversation.item.delete", "response.create", "response.cancel")
-
-
-class RealtimeError(ProtocolError):
-    """A bad client event, answered with an `error` event naming the event (its `event_id`) and the field."""
-
-    def __init__(self, code: str, message: str, event_id: str | None = None, param: str | None = None) -> None:
-        super().__init__(code, message)
-        self.event_id = event_id
-        self.param = param
 
 
 def parse_client_event(text: str) -> ClientEvent:
