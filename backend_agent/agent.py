@@ -187,7 +187,10 @@ class Agent:
         started = time.perf_counter()
         with tracer.start_as_current_span("tool", attributes={"tool": call.name}) as span:
             try:
-                result = await self._in_thread(tool.run, deadline, arguments)
+                if tool.run_async is not None:  # a client's tool: waiting for its answer holds no thread
+                    result = await asyncio.wait_for(tool.run_async(arguments), deadline - time.monotonic())
+                else:
+                    result = await self._in_thread(tool.run, deadline, arguments)
             except TimeoutError:
                 raise
             except ToolError as exc:

@@ -3,6 +3,10 @@
 Starts `contextspan serve` in a subprocess (or uses `--url`), streams speech from N clients at once for S
 seconds, and reports the server's per-frame latency (last input sample of a frame -> its output queued) P50 /
 P99 / max from the sessions' stats events, deadline misses, dropped audio, and the server's CPU and RSS.
+
+`--protocol realtime` runs the same sessions over `/v1/realtime` (base64 PCM16 in JSON), `both` runs them over
+`/api/chat` (Ogg Opus) and then over `/v1/realtime` on the same server, and reports per protocol the bytes each way,
+the client-side lag of every agent frame and the server's ticks, side by side (benchmarks/wire_clients.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import psutil
 
 from benchmarks.harness import StreamResult, speak, start_server, stop_server, stream
 from benchmarks.report import latency_summary, machine_info, save_json
+from benchmarks.wire_clients import SESSIONS, WireResult
 from contextspan_client import chat_url, load_wav
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 
@@ -48,6 +53,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--phases", choices=("spread", "aligned"), default="spread",
                         help="clients' frame phases: spread evenly over one frame (the hard case for sharing ticks), "
                         "or aligned (all start together, so one tick per frame can serve everyone)")
+    parser.add_argument("--protocol", choices=("moshi", "realtime", "both"), default="moshi",
+                        help="/api/chat (moshi), /v1/realtime (realtime), or the one then the other, side by side")
     return parser.parse_args(argv)
 
 
@@ -93,6 +100,67 @@ async def drive(url: str, sessions: int, pcm: np.ndarray, pid: int | None,
     finally:
         sampler.cancel()
     return list(results), samples
+
+
+async def drive_wire(url: str, protocol: str, sessions: int, pcm: np.ndarray, spread: bool,
+                     page_samples: int) -> list[WireResult]:
+    """The same schedule as `drive`, with the byte-counting clients of one protocol."""
+    frame_s = FRAME_SAMPLES / SAMPLE_RATE
+    start = time.perf_counter() + CONNECT_S
+    ws = url.replace("http", "ws", 1)
+    session = SESSIONS[protocol]  # type: ignore[index]
+    return list(await asyncio.gather(*[
+        session(ws, pcm, page_samples, start + k * (JOIN_FRAMES * frame_s + (frame_s / sessions if spread else 0.0)))
+        for k in range(sessions)]))
+
+
+def histogram_totals(metrics: str, name: str) -> tuple[float, float]:
+    total = re.search(rf"^{name}_sum (\S+)", metrics, re.M)
+    count = re.search(rf"^{name}_count (\S+)", metrics, re.M)
+    return (float(total.group(1)) if total else 0.0), (float(count.group(1)) if count else 0.0)
+
+
+def phase_mean(before: str, after: str, name: str, scale: float = 1.0) -> float | None:
+    """A histogram's mean over what happened between two /metrics readings."""
+    (s0, c0), (s1, c1) = histogram_totals(before, name), histogram_totals(after, name)
+    return None if c1 == c0 else round((s1 - s0) / (c1 - c0) * scale, 2)
+
+
+def wire_report(results: list[WireResult], before: str, after: str) -> dict[str, Any]:
+    seconds = sum(r.seconds for r in results)
+    return {
+        "frames_sent": sum(r.frames_sent for r in results),
+        "agent_frames_received": sum(r.agent_samples for r in results) // FRAME_SAMPLES,
+        "kbytes_per_s_up": round(sum(r.bytes_up for r in results) / seconds / 1e3, 2) if seconds else None,
+        "kbytes_per_s_down": round(sum(r.bytes_down for r in results) / seconds / 1e3, 2) if seconds else None,
+        "client_lag_ms": latency_summary(np.array([ms for r in results for ms in r.lag_ms])),
+        "server_frame_latency_ms": phase_mean(before, after, "contextspan_frame_latency_seconds", 1e3),
+        "mean_tick_ms": phase_mean(before, after, "contextspan_tick_seconds", 1e3),
+        "mean_batch_size": phase_mean(before, after, "contextspan_batch_size"),
+    }
+
+
+def run_protocols(args: argparse.Namespace, url: str, pcm: np.ndarray) -> dict[str, Any]:
+    protocols = ("moshi", "realtime") if args.protocol == "both" else (args.protocol,)
+    page_samples = args.page_ms * SAMPLE_RATE // 1000
+    found: dict[str, Any] = {}
+    for protocol in protocols:
+        before = httpx.get(f"{url}/metrics", timeout=5).text
+        results = asyncio.run(drive_wire(url, protocol, args.sessions, pcm, args.phases == "spread", page_samples))
+        found[protocol] = wire_report(results, before, httpx.get(f"{url}/metrics", timeout=5).text)
+    return {"benchmark": "load-protocols", "profile": args.profile, "device": args.device, "sessions": args.sessions,
+            "asr": args.asr if not args.url else None, "page_ms": args.page_ms, "phases": args.phases,
+            "seconds": args.seconds, "machine": machine_info(), "protocols": found}
+
+
+def print_protocols(result: dict[str, Any]) -> None:
+    print("| protocol | kB/s up | kB/s down | client lag p50 / p99 ms | server frame latency ms | tick ms | "
+          "sessions per tick | agent frames / sent |\n|---|---|---|---|---|---|---|---|")
+    for protocol, r in result["protocols"].items():
+        lag = r["client_lag_ms"]
+        print(f"| {protocol} | {r['kbytes_per_s_up']} | {r['kbytes_per_s_down']} | {lag['p50']} / {lag['p99']} | "
+              f"{r['server_frame_latency_ms']} | {r['mean_tick_ms']} | {r['mean_batch_size']} | "
+              f"{r['agent_frames_received']} / {r['frames_sent']} |")
 
 
 def histogram_mean(metrics: str, name: str) -> float | None:
@@ -159,12 +227,19 @@ def main(argv: list[str]) -> int:
                 "--asr" if args.asr else "--no-asr", "--align-phases" if args.align_phases else "--no-align-phases",
                 *(("--device", args.device) if args.device else ()))
         try:
-            results, samples = asyncio.run(drive(url, args.sessions, pcm, process.pid if process else None,
-                                                 args.phases == "spread", args.page_ms * SAMPLE_RATE // 1000))
-            metrics = httpx.get(f"{url}/metrics", timeout=5).text
+            if args.protocol != "moshi":
+                compared = run_protocols(args, url, pcm)
+            else:
+                results, samples = asyncio.run(drive(url, args.sessions, pcm, process.pid if process else None,
+                                                     args.phases == "spread", args.page_ms * SAMPLE_RATE // 1000))
+                metrics = httpx.get(f"{url}/metrics", timeout=5).text
         finally:
             if process is not None:
                 stop_server(process)
+    if args.protocol != "moshi":
+        print_protocols(compared)
+        save_json(args.json, compared)
+        return 0
     result = report(args, results, samples, metrics)
     lat = result["latency_ms"]
     print(f"{args.sessions} sessions x {args.seconds:.0f} s ({args.profile}): frame latency p50 {lat['p50']} ms, "

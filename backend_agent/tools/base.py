@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +24,16 @@ class ToolResult:
 
 @dataclass(frozen=True)
 class Tool:
-    """A callable the backend may use, described in OpenAI function-calling terms."""
+    """A callable the backend may use, described in OpenAI function-calling terms.
+
+    `run_async`, when set, is awaited on the event loop instead of running `run` in a thread: a tool that waits on
+    something else (the client that runs it) holds no thread while it waits."""
 
     name: str
     description: str
     parameters: dict[str, Any]
     run: Callable[[dict[str, Any]], ToolResult]
+    run_async: Callable[[dict[str, Any]], Awaitable[ToolResult]] | None = None
 
     def openai_schema(self) -> dict[str, Any]:
         """The entry for the `tools` list of an OpenAI-compatible chat completion request."""

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -47,10 +48,14 @@ from server.ops.metrics import Metrics
 from server.ops.recording import recording_path
 from server.session.backend import Backend
 from server.session.persona import PersonaError
+from server.session.realtime_wire import RealtimeWire
 from server.session.session import Session, SessionEnd, SessionOptions
 from server.session.trigger import ResolvedTrigger, resolve_trigger
+from server.session.wire import SessionWire
 from server.settings import ServerSettings
 from server.wire import protocol as p
+from server.wire import realtime as rt
+from server.wire.outbound import OutboundQueue
 
 logger = logging.getLogger(__name__)
 
@@ -322,25 +327,34 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
 
     @app.websocket("/api/chat")
     async def chat(ws: WebSocket) -> None:
-        address = ws.client.host if ws.client else "unknown"
-        refusal = admission_refusal(ws, state)
-        if refusal is not None:
-            await deny(ws, state, *refusal)
-            return
-        if not state.connections.enter(address):
-            await deny(ws, state, 429, "too_many_connections",
-                       f"at most {settings.max_connections_per_ip} connections per address")
-            return
-        try:
-            if settings.api_keys:
-                check = state.tokens.redeem(auth.session_token(ws.query_params, ws.headers))
-                if check is not auth.TokenCheck.OK:
-                    await deny(ws, state, 401, f"token_{check.value}", TOKEN_HELP[check])
-                    return
-            await ws.accept(subprotocol=auth.accepted_subprotocol(ws.headers))
-            await serve_session(ws, state)
-        finally:
-            state.connections.leave(address)
+        await open_session(ws, state, auth.session_token(ws.query_params, ws.headers), None)
+
+    @app.post("/v1/realtime/client_secrets")
+    async def client_secrets(request: Request) -> JSONResponse:
+        """The OpenAI SDK's `realtime.client_secrets.create`: an app's backend trades its API key for a short-lived,
+        single-use secret that a device spends on /v1/realtime (`Authorization: Bearer <secret>`)."""
+        if not settings.api_keys:
+            return JSONResponse({"error": {"type": "invalid_request_error", "code": "auth_off", "message":
+                                           "no API keys are configured: /v1/realtime needs no secret"}},
+                                status_code=404)
+        if not auth.api_key_ok(auth.bearer(request.headers), settings.api_keys):
+            return JSONResponse({"error": {"type": "invalid_request_error", "code": "bad_api_key",
+                                           "message": "send Authorization: Bearer <API key>"}},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        profile = state.model.profile if state.model else None
+        return JSONResponse({"value": state.tokens.issue(), "expires_at": int(time.time() + settings.token_ttl_s),
+                             "session": {"type": "realtime", "object": "realtime.session", "model": profile}})
+
+    @app.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket) -> None:
+        """The OpenAI Realtime protocol; `Authorization: Bearer` carries an API key or a client secret."""
+        credential = auth.bearer(ws.headers)
+        dialect = rt.dialect_of(dict(ws.headers))
+        model = state.model
+        voices = sorted(model.voice_prompts) if model else []
+        name = model.profile if model else ""
+        await open_session(ws, state, credential, lambda queue: RealtimeWire(
+            queue, dialect, name, voices, settings.max_persona_chars), api_key_accepted=True)
 
     if settings.web_client:
         app.mount("/", StaticFiles(directory=web_client_dir(), html=True), name="web_client")
@@ -354,6 +368,33 @@ def web_client_dir() -> Path:
     if not isinstance(files, Path):  # StaticFiles serves a folder on disk, not one inside a zip
         raise RuntimeError(f"web_client is not installed as files on disk ({files}); serve with --no-web-client")
     return files
+
+
+async def open_session(ws: WebSocket, state: ServerState, credential: str | None,
+                       wire: Callable[[OutboundQueue], SessionWire] | None, api_key_accepted: bool = False) -> None:
+    """Admission, auth and the per-address cap, then the session; `wire` None is `/api/chat`'s protocol.
+    `api_key_accepted`: an operator API key opens a session directly (server-side Realtime clients), besides
+    a single-use token."""
+    settings = state.settings
+    address = ws.client.host if ws.client else "unknown"
+    refusal = admission_refusal(ws, state)
+    if refusal is not None:
+        await deny(ws, state, *refusal)
+        return
+    if not state.connections.enter(address):
+        await deny(ws, state, 429, "too_many_connections",
+                   f"at most {settings.max_connections_per_ip} connections per address")
+        return
+    try:
+        if settings.api_keys and not (api_key_accepted and auth.api_key_ok(credential, settings.api_keys)):
+            check = state.tokens.redeem(credential)
+            if check is not auth.TokenCheck.OK:
+                await deny(ws, state, 401, f"token_{check.value}", TOKEN_HELP[check])
+                return
+        await ws.accept(subprotocol=auth.accepted_subprotocol(ws.headers))
+        await serve_session(ws, state, wire)
+    finally:
+        state.connections.leave(address)
 
 
 TOKEN_HELP = {
@@ -403,7 +444,8 @@ def _info(state: ServerState) -> dict[str, object]:
     }
 
 
-async def serve_session(ws: WebSocket, state: ServerState) -> None:
+async def serve_session(ws: WebSocket, state: ServerState,
+                        wire: Callable[[OutboundQueue], SessionWire] | None = None) -> None:
     settings, metrics = state.settings, state.metrics
     if state.draining:
         metrics.sessions.labels("refused_draining").inc()
@@ -438,7 +480,7 @@ async def serve_session(ws: WebSocket, state: ServerState) -> None:
         session = Session(ws, settings, state.model, batcher, slot, metrics, options, state.backend,
                           ws.query_params.get("user"), state.signer if settings.api_keys else None,
                           state.trigger.trigger if state.trigger else "ret",
-                          auth.app_spans_allowed(settings.app_spans, authenticated=bool(settings.api_keys)))
+                          auth.app_spans_allowed(settings.app_spans, authenticated=bool(settings.api_keys)), wire)
         session_id_var.set(session.id)
         state.sessions[session.id] = session
         metrics.sessions.labels("accepted").inc()

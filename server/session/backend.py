@@ -8,7 +8,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from backend_agent.asr.worker_process import ASRProcess, start_asr_process, tran
 from backend_agent.context_store import ContextStore, Profile
 from backend_agent.llm_client import ChatClient, LLMConfig
 from backend_agent.tools import build_catalogue
+from backend_agent.tools.base import Tool
 from backend_agent.tools.knowledge_base import KnowledgeBase
 from frontend_model.span.contract import SpanContract
 from server.session.retrieval import Retrieval, RetrievalConfig, SpanAnswer
@@ -101,11 +102,12 @@ class Backend:
                          "What day is it today?"):
             router.answer(question)
 
-    def agent_for(self, profile: Profile) -> Agent:
+    def agent_for(self, profile: Profile, client_tools: Sequence[Tool] = ()) -> Agent:
+        """`client_tools`: the session's client-run tools, after the built-in and MCP ones (never replacing one)."""
         tools = build_catalogue(
             default_timezone=profile.timezone or "UTC", knowledge=self.knowledge, user_id=profile.user_id,
             weather_url=self.settings.weather_url, search_url=self.settings.search_url,
-            extra_tools=self.mcp.tools if self.mcp is not None else (),
+            extra_tools=[*(self.mcp.tools if self.mcp is not None else ()), *client_tools],
         )
         return Agent(tools, self.llm, tool_choice(self.settings.llm_tool_choice), self.tool_executor)
 

@@ -17,6 +17,7 @@ import logging
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
@@ -37,16 +38,17 @@ from server.ops.heap import trim_heap
 from server.ops.metrics import Metrics
 from server.ops.recording import SessionRecording
 from server.session.backend import Backend
-from server.session.persona import build_persona_block, persona_and_voice
+from server.session.client_tools import ClientTools
+from server.session.persona import PersonaError, build_persona_block, persona_and_voice
 from server.session.retrieval import Retrieval, SpanAnswer
 from server.session.spans import FrameOutput, SpanOutcome, span_event
 from server.session.trigger import Trigger
+from server.session.wire import AudioIn, ClearInput, Inbound, MoshiWire, SessionWire
 from server.settings import ServerSettings
 from server.wire import protocol as p
 from server.wire.frame_clock import FrameAssembler, InputFrame, phase_pad
 from server.wire.leveller import UserLeveller
-from server.wire.opus import OpusDecoder, OpusEncoder
-from server.wire.outbound import OutboundQueue, Outgoing
+from server.wire.outbound import OutboundQueue
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("contextspan.server")
@@ -127,8 +129,10 @@ class Session:
         signer: RecordingSigner | None = None,
         trigger: Trigger = "ret",
         app_spans: bool = False,
+        wire: Callable[[OutboundQueue], SessionWire] | None = None,
     ) -> None:
-        """`trigger` as resolved at load (server/session/trigger.py); `app_spans` whether `span.inject` is accepted."""
+        """`trigger` as resolved at load (server/session/trigger.py); `app_spans` whether `span.inject` is accepted;
+        `wire` makes the protocol's half over the outbound queue (default: `/api/chat`'s, MoshiWire)."""
         self.id = new_session_id()
         self.ws = websocket
         self.settings = settings
@@ -141,16 +145,16 @@ class Session:
         self.user_id = user_id or self.id
         self.retrieval: Retrieval | None = None
         self.outbound = OutboundQueue(settings.send_queue_frames)
+        self.wire = wire(self.outbound) if wire is not None else MoshiWire(self.outbound, options.events)
         self.recording = SessionRecording(settings.recordings_dir, self.id) if settings.recordings else None
-        self.decoder = OpusDecoder()
-        self.encoder = OpusEncoder()
         self.assembler = FrameAssembler()
         self.leveller = UserLeveller() if settings.level_user_audio else None
+        self.client_tools = ClientTools(self.emit, lambda: self.assembler.stream_time)
+        self._reprefill = False  # a new persona or voice waits for the next frame boundary
         self._frames: deque[InputFrame] = deque()
         self._frame_ready = asyncio.Event()
         self.sampling: RowSampling | None = None  # in effect, from the prefill on
         self._second = _SecondStats()
-        self._audio_messages_sent = 0
         self.input_dropped = 0
         self.signer = signer
         self.trigger = trigger
@@ -172,10 +176,9 @@ class Session:
         self.batcher.request_span(self.slot, answer)
 
     def emit(self, event: p.ServerEvent) -> None:
-        """Record an event in the transcript and, if the client asked for events, send it."""
+        """Record an event in the transcript and hand it to the wire, which sends it in its protocol's terms."""
         self._record(event)
-        if self.options.events:
-            self.outbound.put(Outgoing("text", p.encode_event(event)))
+        self.wire.event(event)
 
     def _record(self, event: p.ServerEvent) -> None:
         if self.recording is not None:
@@ -214,7 +217,8 @@ class Session:
                 await announcer  # it stops between two sends: nothing of an event is cut off by the handshake
         if not holder.cancelled() and (error := holder.exception()) is not None:
             raise error
-        await self.ws.send_bytes(p.handshake())
+        if (hello := self.wire.handshake()) is not None:
+            await self.ws.send_bytes(hello)
         logger.info("session %s ready (prefix %d frames, prefill %.1f ms)", self.id,
                     prefix.frames if prefix else 0, prefill_s * 1e3)
         self.emit(p.SessionReady(
@@ -346,21 +350,26 @@ class Session:
             self.metrics.protocol_errors.labels("rate_limited").inc()
             raise SessionEnd(p.CLOSE_POLICY, p.close_reason(
                 "rate_limited", f"over {self.settings.max_messages_per_s:g} messages a second"))
-        data = message.get("bytes")
         try:
-            if data is not None:
-                self._on_binary(data)
-            elif message.get("text") is not None:
-                await self._on_text(message["text"])
+            for item in self.wire.inbound(message):
+                await self._on_inbound(item)
         except p.ProtocolError as exc:
             self._protocol_error(exc)
         return True
 
-    def _on_binary(self, data: bytes) -> None:
-        kind, payload = p.decode_binary(data)
-        if kind != p.Kind.AUDIO:
-            raise p.ProtocolError("unexpected_kind", f"clients may only send audio (0x01), got 0x{kind:02x}")
-        pcm = self.decoder.decode(payload)
+    async def _on_inbound(self, item: Inbound) -> None:
+        if isinstance(item, AudioIn):
+            self._on_audio(item.pcm)
+        elif isinstance(item, ClearInput):
+            self.assembler.clear()
+        elif isinstance(item, p.SpanInject):
+            self._inject_app_span(item)
+        elif isinstance(item, p.ToolResult):
+            self.client_tools.answer(item.call_id, item.output)
+        else:
+            await self._update(item)
+
+    def _on_audio(self, pcm: np.ndarray) -> None:
         if pcm.size and not self._phase_set:
             self._set_phase(pcm.size)
         for frame in self.assembler.push(pcm):
@@ -386,14 +395,6 @@ class Session:
             logger.info("session %s: %.0f ms of silence ahead of its audio, to end frames with the other sessions",
                         self.id, pad / SAMPLE_RATE * 1e3)
 
-    async def _on_text(self, text: str) -> None:
-        self.options.events = True  # a client that sends text reads text: JSON events (and errors) from now on
-        message = p.parse_client_text(text)
-        if isinstance(message, p.SpanInject):
-            self._inject_app_span(message)
-        else:
-            await self._update(message)
-
     def _inject_app_span(self, message: p.SpanInject) -> None:
         """App text becomes a span exactly as a retrieval answer does: same scrubber, cap, deadline and events.
 
@@ -410,9 +411,13 @@ class Session:
 
     async def _update(self, update: p.SessionUpdate) -> None:
         if update.persona is not None or update.voice is not None:
-            raise p.ProtocolError(
-                "persona_locked", "persona and voice are prefilled before the handshake: pass them as the "
-                "`persona` and `voice` query parameters of /api/chat")
+            if not self.wire.reprefills:
+                raise p.ProtocolError(
+                    "persona_locked", "persona and voice are prefilled before the handshake: pass them as the "
+                    "`persona` and `voice` query parameters of /api/chat")
+            self._change_persona(update)
+        if update.tools is not None:
+            self.client_tools.declare(update.tools)
         if update.profile is not None:
             self.options.profile = update.profile
         if update.notes is not None:
@@ -423,9 +428,36 @@ class Session:
             self.sampling = replace(self.sampling, **update.sampling.chosen())
             restart = update.sampling.text_seed is not None or update.sampling.audio_seed is not None
             await self.batcher.set_sampling(self.slot, self.sampling, restart)
-        self.emit(p.SessionUpdated(t=self.assembler.stream_time, profile=self.options.profile,
-                                   notes=self.options.notes,
-                                   sampling=p.Sampling(**asdict(self.sampling)) if self.sampling else None))
+        if self._reprefill:
+            return  # reported once the new prefix is in
+        self.emit(self._updated())
+
+    def _updated(self, prefix_frames: int | None = None, prefill_s: float | None = None) -> p.SessionUpdated:
+        return p.SessionUpdated(
+            t=self.assembler.stream_time, profile=self.options.profile, notes=self.options.notes,
+            sampling=p.Sampling(**asdict(self.sampling)) if self.sampling else None,
+            tools=sorted(self.client_tools.declared) or None, prefix_frames=prefix_frames,
+            prefill_ms=round(prefill_s * 1e3, 2) if prefill_s is not None else None)
+
+    def _change_persona(self, update: p.SessionUpdate) -> None:
+        """A new persona or voice is prefilled at the next frame boundary (the model's context starts again); the
+        wire has checked them (a known voice, a persona within `max_persona_chars`)."""
+        if update.persona is not None:
+            self.options.persona = update.persona
+        if update.voice is not None:
+            self.options.voice = update.voice
+        self._reprefill = True
+
+    async def _prefill_again(self) -> None:
+        """Between two frames of this session: the slot restarts with the new prefix and the sampling in effect."""
+        self._reprefill = False
+        try:
+            _, _, prefix = await asyncio.to_thread(self._prefix)
+        except PersonaError as exc:  # the session goes on with the prefix it has
+            self.emit(p.ErrorEvent(t=self.assembler.stream_time, code="bad_persona", message=str(exc)))
+            return
+        prefill_s = await self.batcher.open(self.slot, prefix, self.sampling)
+        self.emit(self._updated(prefix.frames if prefix else 0, prefill_s))
 
     def _protocol_error(self, exc: p.ProtocolError) -> None:
         """Report a bad message and go on: Moshi clients may send kinds this server does not use (Kyutai's
@@ -443,6 +475,8 @@ class Session:
             while not self._frames:
                 self._frame_ready.clear()
                 await self._frame_ready.wait()
+            if self._reprefill:
+                await self._prefill_again()
             frame = self._frames.popleft()
             self._on_output(await self.batcher.step(self.slot, frame))
 
@@ -459,13 +493,8 @@ class Session:
         for outcome in out.spans:
             self._emit_span(outcome)
         if out.agent_pcm is not None:
-            ogg = self.encoder.encode(out.agent_pcm)
-            if ogg:
-                # The first page carries the Opus headers: never drop it.
-                kind = "audio" if self._audio_messages_sent else "binary"
-                if not self.outbound.put(Outgoing(kind, p.audio_message(ogg))):
-                    self.metrics.frames_dropped.labels("slow_client").inc()
-                self._audio_messages_sent += 1
+            if not self.wire.audio(out.agent_pcm):
+                self.metrics.frames_dropped.labels("slow_client").inc()
             second.frames_out += 1
         if out.frame.index == self.settings.force_ret_frame:
             self._retrieve(out.frame.index, t)
@@ -483,7 +512,7 @@ class Session:
         piece = self.model.agent_text.piece(token)
         if piece is None:
             return
-        self.outbound.put(Outgoing("binary", p.text_message(piece)))
+        self.wire.agent_text(piece)
         self.emit(p.AgentText(t=t, text=piece, frame=frame))
         if self.retrieval is not None:
             self.retrieval.on_agent_text(piece)
@@ -512,7 +541,7 @@ class Session:
         if update.notes:
             store.add_note(self.user_id, update.notes)
         if self.retrieval is not None:
-            self.retrieval.agent = backend.agent_for(store.get_profile(self.user_id))
+            self.retrieval.agent = backend.agent_for(store.get_profile(self.user_id), self.client_tools.catalogue())
 
     def _emit_span(self, outcome: SpanOutcome) -> None:
         event = span_event(outcome, self.assembler.stream_time)
@@ -525,10 +554,10 @@ class Session:
     async def _send_loop(self) -> None:
         while True:
             item = await self.outbound.get()
-            if item.kind == "text":
-                await self.ws.send_text(str(item.data))
+            if isinstance(item.data, str):
+                await self.ws.send_text(item.data)
             else:
-                await self.ws.send_bytes(bytes(item.data))  # type: ignore[arg-type]
+                await self.ws.send_bytes(item.data)
 
     async def _stats_loop(self) -> None:
         while True:

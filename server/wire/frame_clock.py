@@ -49,6 +49,10 @@ class FrameAssembler:
         self._pending = np.concatenate([np.zeros(samples, np.float32), self._pending])
         self.padded = samples
 
+    def clear(self) -> None:
+        """Drops the samples not yet cut into a frame (a Realtime `input_audio_buffer.clear`)."""
+        self._pending = np.zeros(0, dtype=np.float32)
+
     def push(self, pcm: np.ndarray) -> list[InputFrame]:
         if pcm.size == 0:
             return []

@@ -12,7 +12,7 @@ MessageKind = Literal["audio", "binary", "text"]
 
 @dataclass(frozen=True)
 class Outgoing:
-    kind: MessageKind  # audio: droppable 0x01; binary: other kind-byte messages; text: a JSON event
+    kind: MessageKind  # audio: droppable agent audio; binary: other kind-byte messages; text: a JSON event
     data: bytes | str
 
 

@@ -123,6 +123,18 @@ class UserProfile(BaseModel):
     timezone: str | None = Field(None, max_length=64)
 
 
+class ClientTool(BaseModel):
+    """A function tool the client runs itself: it joins the backend's catalogue; when the LLM picks it the server
+    sends `tool.call` and the client's `tool.result` becomes the span, inside the span deadline."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str = Field("", max_length=2000)
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}},
+                                       description="JSON Schema of the arguments, as in OpenAI function calling")
+
+
 class SessionUpdate(BaseModel):
     """Persona and voice only take effect before the handshake (they are prefilled); profile and notes anytime."""
 
@@ -135,6 +147,8 @@ class SessionUpdate(BaseModel):
     notes: str | None = Field(None, max_length=8000)
     sampling: SamplingUpdate | None = Field(
         None, description="from the next frame on; new seeds restart the session's draws from them")
+    tools: list[ClientTool] | None = Field(
+        None, max_length=64, description="client-run tools; replaces those declared before ([] removes them)")
 
 
 # Longer app text would be cut to the span's frame cap anyway (a few hundred characters at most on any machine).
@@ -151,9 +165,22 @@ class SpanInject(BaseModel):
     source: str | None = Field(None, max_length=200)
 
 
-ClientMessage = Annotated[SessionUpdate | SpanInject, Field(discriminator="type")]
+MAX_TOOL_OUTPUT_CHARS = MAX_APP_SPAN_CHARS
+
+
+class ToolResult(BaseModel):
+    """The client's answer to a `tool.call`: its text becomes the span, if it arrives within the span deadline."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["tool.result"]
+    call_id: str = Field(max_length=100)
+    output: str = Field(max_length=MAX_TOOL_OUTPUT_CHARS)
+
+
+ClientMessage = Annotated[SessionUpdate | SpanInject | ToolResult, Field(discriminator="type")]
 _client_adapter: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
-_CLIENT_TYPES = ("session.update", "span.inject")
+_CLIENT_TYPES = ("session.update", "span.inject", "tool.result")
 
 
 def parse_client_text(text: str) -> ClientMessage:
@@ -227,6 +254,10 @@ class SessionUpdated(ServerEvent):
     profile: UserProfile | None = None
     notes: str | None = None
     sampling: Sampling | None = Field(None, description="the sampling in effect (before the handshake: null)")
+    tools: list[str] | None = Field(None, description="the client tools declared, by name")
+    prefix_frames: int | None = Field(
+        None, description="a new persona or voice was prefilled at a frame boundary (Realtime sessions): its frames")
+    prefill_ms: float | None = None
 
 
 class AgentText(ServerEvent):
@@ -284,6 +315,15 @@ class SpanDropped(ServerEvent):
     timings_ms: dict[str, float] = Field(default_factory=dict, description="what the retrieval spent before failing")
 
 
+class ToolCall(ServerEvent):
+    """The backend's LLM chose a tool the client declared: run it and answer with `tool.result` and this call_id."""
+
+    type: Literal["tool.call"] = "tool.call"
+    call_id: str
+    name: str
+    arguments: str = Field(description="the arguments as a JSON object in a string, as the LLM wrote them")
+
+
 class ErrorEvent(ServerEvent):
     type: Literal["error"] = "error"
     code: str
@@ -313,7 +353,7 @@ class Stats(ServerEvent):
 
 Event = Annotated[
     SessionReady | SessionPreparing | SessionUpdated | AgentText | UserTranscript | Retrieval | Question
-    | SpanInjected | SpanDropped | ErrorEvent | SessionEnding | Stats,
+    | SpanInjected | SpanDropped | ToolCall | ErrorEvent | SessionEnding | Stats,
     Field(discriminator="type"),
 ]
 _event_adapter: TypeAdapter[Event] = TypeAdapter(Event)

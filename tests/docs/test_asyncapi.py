@@ -14,7 +14,9 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from server.session.realtime_wire import SPAN_EVENTS
 from server.wire import protocol as p
+from server.wire import realtime as rt
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC_PATH = ROOT / "docs" / "protocol.asyncapi.yaml"
@@ -31,12 +33,12 @@ def _pointer(ref: str) -> list[str]:
     return ref[2:].split("/")
 
 
-def _messages(spec: dict[str, Any], action: str) -> list[dict[str, Any]]:
-    """The messages of every operation with this action (send: server -> client), resolved."""
+def _messages(spec: dict[str, Any], action: str, channel: str = "chat") -> list[dict[str, Any]]:
+    """The messages of every operation on `channel` with this action (send: server -> client), resolved."""
     found = []
     for operation in spec["operations"].values():
-        assert _deref(spec, operation["channel"]) is spec["channels"]["chat"]
-        if operation["action"] == action:
+        assert _deref(spec, operation["channel"]) in spec["channels"].values()
+        if operation["action"] == action and _deref(spec, operation["channel"]) is spec["channels"][channel]:
             found += [_deref(spec, m) for m in operation["messages"]]
     return found
 
@@ -50,9 +52,9 @@ def _deref(spec: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def _json_payloads(spec: dict[str, Any], action: str) -> dict[str, dict[str, Any]]:
+def _json_payloads(spec: dict[str, Any], action: str, channel: str = "chat") -> dict[str, dict[str, Any]]:
     payloads = {}
-    for message in _messages(spec, action):
+    for message in _messages(spec, action, channel):
         if message["contentType"] == "application/json":
             payload = _deref(spec, message["payload"])
             payloads[payload["properties"]["type"]["const"]] = payload
@@ -138,3 +140,28 @@ def test_every_query_parameter_is_in_the_spec(spec: dict[str, Any]) -> None:
     used |= set(p.SamplingQuery.model_fields)  # parsed as one pydantic model
     documented = spec["channels"]["chat"]["bindings"]["ws"]["query"]["properties"]
     assert used and used == set(documented)
+
+
+def test_realtime_client_events_match(spec: dict[str, Any]) -> None:
+    documented = set(_json_payloads(spec, "receive", "realtime"))
+    assert documented == set(rt.CLIENT_TYPES)
+
+
+def test_every_realtime_server_event_and_its_beta_name_is_in_the_spec(spec: dict[str, Any]) -> None:
+    (message,) = _messages(spec, "send", "realtime")
+    documented = {e["type"]: e.get("x-beta-name") for e in message["x-server-events"]}
+    wire = (ROOT / "server" / "session" / "realtime_wire.py").read_text()
+    sent = set(re.findall(r'_send\(\s*"([a-z_.]+)"', wire)) | {f"contextspan.{t}" for t in SPAN_EVENTS}
+    assert set(documented) == sent
+    assert {ga: beta for ga, beta in documented.items() if beta} == rt.BETA_NAMES
+    assert set(message["payload"]["properties"]["type"]["enum"]) == sent
+
+
+def test_every_realtime_error_code_is_in_the_spec(spec: dict[str, Any]) -> None:
+    """What a Realtime client can get: the wire's own codes, and those of the session they share with /api/chat."""
+    shared = [ROOT / "server" / "session" / name for name in ("session.py", "client_tools.py")]
+    codes = set(re.findall(r'RealtimeError\(\s*"([a-z_]+)"', SERVER_SOURCES))
+    codes |= {code for f in shared for code in re.findall(r'(?:ProtocolError\(|code=)\s*"([a-z_]+)"', f.read_text())}
+    documented = {c["code"] for c in spec["channels"]["realtime"]["x-error-codes"]}
+    # Profiles come only through /api/chat's session.update, and only /api/chat locks the persona.
+    assert codes - {"bad_profile", "persona_locked"} == documented

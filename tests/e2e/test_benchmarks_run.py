@@ -74,3 +74,15 @@ def test_bench_load_fails_fast_when_the_model_cannot_load(tmp_path: Path) -> Non
     assert done.returncode != 0 and "CUDA" in done.stderr
     with pytest.raises(RuntimeError, match=r"could not load its model: .*CUDA"):
         start_server(tmp_path, "--device", "cuda:0", "--wait-for-model", "--no-asr", ready_timeout=240)
+
+
+def test_bench_load_compares_both_protocols_side_by_side(tmp_path: Path) -> None:
+    out = tmp_path / "protocols.json"
+    bench("load", "--protocol", "both", "--sessions", "2", "--seconds", "3", "--no-asr", "--json", str(out))
+    report = json.loads(out.read_text())
+    assert set(report["protocols"]) == {"moshi", "realtime"}
+    for row in report["protocols"].values():
+        assert row["frames_sent"] == 2 * 37 and row["agent_frames_received"] > 0
+        assert row["kbytes_per_s_up"] > 0 and row["kbytes_per_s_down"] > 0 and row["client_lag_ms"]["p50"] > 0
+    # Base64 PCM16 (48 kB/s of samples, 4/3 of that in base64) against Opus: more bytes, whatever the host's speed.
+    assert report["protocols"]["realtime"]["kbytes_per_s_up"] > 4 * report["protocols"]["moshi"]["kbytes_per_s_up"]

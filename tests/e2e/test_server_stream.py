@@ -157,7 +157,7 @@ def test_request_span_injects_at_next_frame(inproc_server: tuple[str, object, as
         while not state.sessions:  # type: ignore[attr-defined]
             await asyncio.sleep(0.05)
         session = next(iter(state.sessions.values()))  # type: ignore[attr-defined]
-        while not session._audio_messages_sent:  # type: ignore[attr-defined]
+        while not state.batcher.model.frames_stepped[session.slot]:  # type: ignore[attr-defined]
             await asyncio.sleep(0.05)  # stepping: before its first frame a span is dropped as "before the first frame"
         loop.call_soon_threadsafe(request, session, "The capital of France is Paris.")
         return await client
@@ -184,7 +184,7 @@ def test_an_empty_span_is_dropped_with_its_reason(inproc_server: tuple[str, obje
         while not state.sessions:  # type: ignore[attr-defined]
             await asyncio.sleep(0.05)
         session = next(iter(state.sessions.values()))  # type: ignore[attr-defined]
-        while not session._audio_messages_sent:  # type: ignore[attr-defined]
+        while not state.batcher.model.frames_stepped[session.slot]:  # type: ignore[attr-defined]
             await asyncio.sleep(0.05)  # stepping: before its first frame a span is dropped as "before the first frame"
         loop.call_soon_threadsafe(session.request_span, app_answer(""))
         return await client

@@ -1,0 +1,61 @@
+"""Pipecat's OpenAI Realtime service (`pipecat-ai`, unmodified, headless: no transport, no media server) converses
+with a real server on loopback: its pipeline sends the user's audio and turns our events into its frames, and it
+validates every event it knows against its own pydantic models, so a field it expects and we lack fails here."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from frontend_model.frame import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
+from tests.support.speech import silence, speak
+
+from .servers import RunningServer, start_server, stop_server
+
+pytest.importorskip("pipecat", reason="pipecat-ai is a test extra")
+
+from pipecat.frames.frames import (
+    ErrorFrame,
+    InputAudioRawFrame,
+    TranscriptionFrame,
+    TTSAudioRawFrame,
+    TTSTextFrame,
+)
+from pipecat.pipeline.worker import PipelineParams
+from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
+from pipecat.tests.utils import SleepFrame, run_test
+
+pytestmark = pytest.mark.slow
+KEY = "pipecat-key"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = start_server(tmp_path_factory.mktemp("server"), "--max-sessions", "1", "--api-keys", KEY)
+    yield running
+    stop_server(running)
+
+
+def test_pipecats_realtime_service_hears_the_user_and_plays_the_agent(server: RunningServer, tmp_path: Path) -> None:
+    speech = np.concatenate([silence(0.3), speak("Hello there, how are you today?", tmp_path / "hi.wav"),
+                             silence(4.0)])
+    frames: list[object] = []
+    for i in range(len(speech) // FRAME_SAMPLES):
+        pcm = (speech[i * FRAME_SAMPLES:(i + 1) * FRAME_SAMPLES] * 32767).astype("<i2").tobytes()
+        frames += [InputAudioRawFrame(audio=pcm, sample_rate=SAMPLE_RATE, num_channels=1), SleepFrame(FRAME_S)]
+    frames.append(SleepFrame(20.0))  # the agent's last frames, and the final transcript from a busy host's Whisper
+    llm = OpenAIRealtimeLLMService(api_key=KEY, base_url=f"{server.ws}/v1/realtime?model=contextspan")
+    down, up = asyncio.run(run_test(llm, frames_to_send=frames, pipeline_params=PipelineParams(
+        audio_in_sample_rate=SAMPLE_RATE, audio_out_sample_rate=SAMPLE_RATE), start_timeout=30.0))
+
+    errors = [f.error for f in [*down, *up] if isinstance(f, ErrorFrame)]
+    assert not errors, errors
+    agent_samples = sum(len(f.audio) // 2 for f in down if isinstance(f, TTSAudioRawFrame))
+    assert agent_samples >= 0.5 * len(speech)  # real time both ways, but the host may lag a little behind
+    assert [f for f in down if isinstance(f, TTSTextFrame)], "the agent's transcript"
+    finals = [f.text for f in up if isinstance(f, TranscriptionFrame)]
+    assert finals and "how are you" in " ".join(finals).lower()

@@ -1,0 +1,272 @@
+"""`/v1/realtime` driven by the official `openai` SDK's realtime client, unmodified, against a real server on
+loopback (tiny profile, real Whisper, a fake OpenAI-compatible LLM that picks the client's tool), in real time."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from openai import AsyncOpenAI
+
+from benchmarks.fakes.fake_openai import Script, fake_openai
+from contextspan_client import connect, session_token
+from frontend_model.frame import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
+from server.wire import protocol as p
+from server.wire import realtime as rt
+from tests.support.speech import silence, speak
+
+from .servers import RunningServer, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+KEY = "realtime-key"
+# Whisper on a busy 2-core host once took over 10 s to finish an utterance: no outcome here may hinge on its speed.
+DEADLINE_S = 30.0
+QUESTION = "What is the weather like in Paris today?"
+SPEECH_S = 3.3  # what espeak-ng takes to say QUESTION at 150 words a minute, and a little more
+LEAD_FRAMES = 12
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "The weather now in a place.",
+                "parameters": {"type": "object", "properties": {"place": {"type": "string"}},
+                               "required": ["place"]}}
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[tuple[str, Script]]:
+    """The backend's LLM always picks the client's weather tool."""
+    with fake_openai() as (url, script):
+        script.mode, script.tool, script.arguments = "tool_call", "get_weather", {"place": "Paris"}
+        yield url, script
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, llm: tuple[str, Script]) -> Iterator[RunningServer]:
+    # A question in the user's final transcript starts the retrieval (the tiny model's `<ret>` means nothing).
+    running = start_server(tmp_path_factory.mktemp("server"), "--max-sessions", "2", "--api-keys", KEY,
+                           "--trigger", "asr", "--llm-base-url", llm[0], "--llm-model", "fake",
+                           "--span-deadline-s", str(DEADLINE_S))
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture(scope="module")
+def question(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
+    speech = speak(QUESTION, tmp_path_factory.mktemp("speech") / "q.wav")
+    assert len(speech) <= SPEECH_S * SAMPLE_RATE
+    return np.concatenate([silence(0.3), speech])
+
+
+@dataclass
+class Seen:
+    events: list[Any] = field(default_factory=list)
+    audio_samples: int = 0  # agent audio received
+    sent_samples: int = 0  # user audio sent
+
+    def of(self, type_: str) -> list[Any]:
+        return [e for e in self.events if e.type == type_]
+
+
+def pcm16(pcm: np.ndarray) -> str:
+    return base64.b64encode((np.clip(pcm, -1, 1) * 32767).astype("<i2").tobytes()).decode()
+
+
+async def listen(connection: Any, seen: Seen) -> None:
+    async for event in connection:
+        seen.events.append(event)
+        if event.type == "response.output_audio.delta":
+            seen.audio_samples += len(base64.b64decode(event.delta)) // 2
+
+
+async def converse(server: RunningServer, pcm: np.ndarray, on_event: Any = None, until: Any = None,
+                   session: dict[str, Any] | None = None, extra: list[tuple[float, dict[str, Any] | str]] = (),
+                   max_s: float = 60.0) -> Seen:
+    """Streams `pcm` in 80 ms appends on a real-time schedule, then silence until `until(seen)` (or `max_s`);
+    `extra` events go out at their times; `on_event(connection, event)` answers events as they come.
+
+    The schedule also waits for the agent's audio to be at most `LEAD_FRAMES` behind: a host too loaded to step a
+    frame in 80 ms would otherwise drop input past the server's backlog, and what this checks is the protocol."""
+    client = AsyncOpenAI(base_url=f"{server.http}/v1", api_key=KEY)
+    seen = Seen()
+    async with client.realtime.connect(model="contextspan-tiny") as connection:
+        if session is not None:
+            await connection.session.update(session=session)  # type: ignore[arg-type]
+        listener = asyncio.create_task(listen(connection, seen))
+        pending = sorted(extra, key=lambda x: x[0])
+        start = time.perf_counter()
+        frame = handled = 0
+        while True:
+            t = frame * FRAME_S
+            chunk = pcm[frame * FRAME_SAMPLES:(frame + 1) * FRAME_SAMPLES]
+            if chunk.size == 0 and (until is None or until(seen) or t >= max_s):
+                break
+            while pending and pending[0][0] <= t:
+                message = pending.pop(0)[1]
+                await connection.send_raw(message if isinstance(message, str) else json.dumps(message))
+            if chunk.size < FRAME_SAMPLES:
+                chunk = np.concatenate([chunk, silence((FRAME_SAMPLES - chunk.size) / SAMPLE_RATE)])
+            await connection.input_audio_buffer.append(audio=pcm16(chunk))
+            while on_event is not None and handled < len(seen.events):
+                await on_event(connection, seen.events[handled])
+                handled += 1
+            frame += 1
+            await asyncio.sleep(max(0.0, start + frame * FRAME_S - time.perf_counter()))
+            while seen.audio_samples < (frame - LEAD_FRAMES) * FRAME_SAMPLES and time.perf_counter() - start < 300:
+                await asyncio.sleep(0.02)
+        sent = frame * FRAME_SAMPLES
+        deadline = time.monotonic() + 20  # a hang guard: a loaded host answers late, not less
+        while seen.audio_samples < sent - 2 * FRAME_SAMPLES and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        seen.sent_samples = sent
+        listener.cancel()
+    return seen
+
+
+def span_for(seen: Seen, tool: str) -> list[Any]:
+    return [e for e in seen.events if e.type in ("contextspan.span.injected", "contextspan.span.dropped")
+            and getattr(e, "tool", None) == tool]
+
+
+def test_the_sdk_converses_with_audio_transcripts_a_text_item_and_a_client_tool(
+        server: RunningServer, question: np.ndarray, llm: tuple[str, Script]) -> None:
+    async def answer_tools(connection: Any, event: Any) -> None:
+        if event.type == "response.function_call_arguments.done":
+            assert event.name == "get_weather" and json.loads(event.arguments) == {"place": "Paris"}
+            await connection.conversation.item.create(item={
+                "type": "function_call_output", "call_id": event.call_id,
+                "output": "Sunny and twenty degrees in Paris."})
+
+    item = {"type": "conversation.item.create",
+            "item": {"type": "message", "role": "user",
+                     "content": [{"type": "input_text", "text": "Your table is booked for 8 pm."}]}}
+    session = {"type": "realtime", "instructions": "You are a helpful assistant.", "tools": [WEATHER_TOOL],
+               "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None}}}
+    seen = asyncio.run(converse(server, question, answer_tools, until=lambda s: bool(span_for(s, "get_weather")),
+                                session=session, extra=[(1.0, item)]))
+
+    assert not seen.of("error"), [e.error for e in seen.of("error")]
+    (created,) = seen.of("session.created")
+    assert created.session.audio.input.format.rate == SAMPLE_RATE
+    updated = seen.of("session.updated")
+    assert updated and [t.name for t in updated[-1].session.tools] == ["get_weather"]
+    assert "audio.input.turn_detection" in updated[-1].contextspan["unsupported"]
+    assert seen.audio_samples >= 0.9 * seen.sent_samples
+    assert seen.of("response.created") and seen.of("response.output_audio_transcript.delta")
+    finals = seen.of("conversation.item.input_audio_transcription.completed")
+    assert finals and "paris" in finals[0].transcript.lower()
+    (text_span,) = [e for e in seen.events
+                    if e.type.startswith("contextspan.span.") and getattr(e, "source", None) == "conversation.item"]
+    assert text_span.type == "contextspan.span.injected" and "booked for eight p m" in text_span.text
+    assert seen.of("response.function_call_arguments.done")
+    (tool_span,) = span_for(seen, "get_weather")
+    assert tool_span.type == "contextspan.span.injected", tool_span.reason
+    assert "Sunny and twenty degrees in Paris" in tool_span.text and tool_span.source == "client:get_weather"
+    assert tool_span.latency_ms <= DEADLINE_S * 1e3
+    offered = [t["function"]["name"] for t in llm[1].requests[-1]["tools"]]
+    assert "get_weather" in offered and "arithmetic" in offered  # beside the server's own tools
+
+
+def test_a_late_tool_answer_is_dropped_and_reported(server: RunningServer, question: np.ndarray) -> None:
+    calls: list[str] = []
+
+    async def remember(connection: Any, event: Any) -> None:
+        if event.type == "response.function_call_arguments.done":
+            calls.append(event.call_id)
+        if event.type == "contextspan.span.dropped" and "no answer within" in event.reason:
+            await connection.conversation.item.create(item={"type": "function_call_output", "call_id": calls[0],
+                                                            "output": "Too late."})
+
+    seen = asyncio.run(converse(server, question, remember, until=lambda s: bool(s.of("error")),
+                                session={"type": "realtime", "tools": [WEATHER_TOOL]}, max_s=DEADLINE_S + 30))
+    assert calls
+    assert any("no answer within" in e.reason for e in seen.of("contextspan.span.dropped"))
+    assert not seen.of("contextspan.span.injected")
+    assert seen.of("error")[0].error.code == "tool_result_late"
+
+
+def test_each_bad_input_gets_a_clear_error_and_the_session_goes_on(server: RunningServer) -> None:
+    bad = [
+        (0.2, {"type": "no.such.event", "event_id": "evt_1"}),
+        (0.3, {"type": "input_audio_buffer.append", "audio": "not base64 !", "event_id": "evt_2"}),
+        (0.4, {"type": "input_audio_buffer.append", "audio": "A" * (rt.MAX_APPEND_BASE64 + 4)}),
+        (0.5, {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}}),
+        (0.6, {"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}),
+        (0.7, "{not json"),
+    ]
+    seen = asyncio.run(converse(server, silence(2.0), extra=bad))
+    errors = [e.error for e in seen.of("error")]
+    assert [e.code for e in errors] == ["unknown_event", "invalid_audio", "audio_too_large",
+                                        "unsupported_audio_format", "unsupported_audio_format", "invalid_json"]
+    assert errors[0].event_id == "evt_1" and errors[1].event_id == "evt_2" and errors[1].param == "audio"
+    assert "24000" in errors[3].message
+    assert seen.audio_samples >= 0.9 * seen.sent_samples
+
+
+def test_a_client_secret_minted_by_a_backend_opens_one_session(server: RunningServer) -> None:
+    async def run() -> tuple[str, int]:
+        backend = AsyncOpenAI(base_url=f"{server.http}/v1", api_key=KEY)
+        secret = await backend.realtime.client_secrets.create(session={"type": "realtime"})
+        device = AsyncOpenAI(base_url=f"{server.http}/v1", api_key=secret.value)
+        async with device.realtime.connect(model="contextspan-tiny") as connection:
+            first = await connection.recv()
+        return first.type, secret.expires_at
+
+    kind, expires_at = asyncio.run(run())
+    assert kind == "session.created" and expires_at > time.time()
+    refused = httpx.post(f"{server.http}/v1/realtime/client_secrets", headers={"Authorization": "Bearer nope"},
+                         timeout=5)
+    assert refused.status_code == 401
+
+
+def ticks_and_frames(server: RunningServer) -> tuple[float, float]:
+    """Batched ticks run so far, and the session frames they stepped (from /metrics)."""
+    values = dict(re.findall(r"^contextspan_batch_size_(count|sum) (\S+)$", server.metrics(), re.M))
+    return float(values["count"]), float(values["sum"])
+
+
+async def api_chat_with_a_client_tool(server: RunningServer, pcm: np.ndarray) -> list[p.ServerEvent]:
+    """An `/api/chat` events client that declares the weather tool and answers its `tool.call`."""
+    events: list[p.ServerEvent] = []
+    tool = p.ClientTool(name="get_weather", description="The weather now in a place.",
+                        parameters=WEATHER_TOOL["parameters"])  # type: ignore[arg-type]
+    async with connect(server.http, token=await session_token(server.http, KEY)) as conversation:
+        await conversation.send(p.SessionUpdate(type="session.update", tools=[tool]))
+        talker = asyncio.create_task(conversation.stream_audio(np.concatenate([pcm, silence(DEADLINE_S + 20)])))
+        try:
+            async with asyncio.timeout(DEADLINE_S + 30):
+                async for item in conversation:
+                    if not isinstance(item, p.ServerEvent):
+                        continue
+                    events.append(item)
+                    if isinstance(item, p.ToolCall):
+                        result = p.ToolResult(type="tool.result", call_id=item.call_id, output="Rain in Paris.")
+                        await conversation.send(result.model_dump_json())
+                    if isinstance(item, p.SpanInjected | p.SpanDropped) and item.tool == "get_weather":
+                        break
+        finally:
+            talker.cancel()
+    return events
+
+
+def test_an_api_chat_client_runs_its_tool_in_one_batch_with_a_realtime_session(
+        server: RunningServer, question: np.ndarray) -> None:
+    ticks_before, frames_before = ticks_and_frames(server)
+
+    async def both() -> tuple[list[p.ServerEvent], Seen]:
+        return await asyncio.gather(api_chat_with_a_client_tool(server, question), converse(server, silence(8.0)))
+
+    events, realtime = asyncio.run(both())
+    ticks, frames = (a - b for a, b in zip(ticks_and_frames(server), (ticks_before, frames_before), strict=True))
+    assert not [e for e in events if e.type == "error"]
+    (call,) = [e for e in events if isinstance(e, p.ToolCall)]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"place": "Paris"}
+    (span,) = [e for e in events if isinstance(e, p.SpanInjected)]
+    assert span.tool == "get_weather" and span.text == "Rain in Paris." and span.source == "client:get_weather"
+    assert realtime.audio_samples >= 0.9 * realtime.sent_samples
+    assert ticks < frames, f"{ticks:.0f} ticks for {frames:.0f} frames: the two protocols never shared a tick"
