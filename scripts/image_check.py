@@ -182,7 +182,7 @@ def wait_healthy(docker: str, container: str) -> float:
 def converse(url: str, audio: Path, out: Path) -> dict[str, Any]:
     """`contextspan client` from the host: what the container said, heard and injected."""
     done = run([sys.executable, "-m", "server.cli", "client", str(audio), "--url", url, "--out", str(out),
-                "--tail-s", "30"], quiet=True, timeout=300)
+                "--tail-s", "60"], quiet=True, timeout=600)
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     kinds = [e.get("type") for e in events]
     injected = [e for e in events if e.get("type") == "span.injected"]
@@ -209,7 +209,7 @@ def check_image(docker: str, base: str, ca: Path | None) -> dict[str, Any]:
     # Started the way the issue found the old HEALTHCHECK wrong: a port by flag, CONTEXTSPAN_PORT left at 8998.
     run([docker, "run", "-d", "--name", name, "--network", "host", "-v", f"{recordings}:/data/recordings",
          IMAGE, "serve", "--profile", "tiny", "--host", "127.0.0.1", "--port", str(port), "--force-ret-frame", "45",
-         "--span-deadline-s", "60"], quiet=True)
+         "--span-deadline-s", "120"], quiet=True)
     try:
         step(f"waiting for {name} to be healthy (port {port})")
         healthy_s = wait_healthy(docker, name)
