@@ -30,7 +30,7 @@ LOCAL_BASE = "contextspan-base:bookworm"
 IMAGE = "contextspan:check"
 SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 RUNTIME_UID = "10001"
-QUESTION = "What is twelve times eleven?"
+QUESTION = "What is twelve times seven?"
 HEALTHY_WITHIN_S = 300
 WHEELS = ROOT / ".image-wheels"  # host-built wheels the image may reuse (llama-cpp-python compiles for minutes)
 
