@@ -186,10 +186,11 @@ def assemble(conversation: Conversation, span: SpanConfig, weights: LossWeights 
         n = len(s.text_ids)
         block = torch.cat([torch.tensor(s.text_ids, dtype=torch.long)[None],
                            silence[:, None].expand(a, n), sine[:, None].expand(u, n)], dim=0).clone()
-        if at > 0:
-            block[acoustic, -1] = frames[acoustic, at - 1]
-            frames[acoustic, at - 1] = placeholder
-            audio_on[at - 1] = False
+        if at == 0:
+            raise ValueError("a span needs a frame before it: none precedes live frame 0 without a prefix")
+        block[acoustic, -1] = frames[acoustic, at - 1]
+        frames[acoustic, at - 1] = placeholder
+        audio_on[at - 1] = False
         frames = torch.cat([frames[:, :at], block, frames[:, at:]], dim=1)
         kinds = torch.cat([kinds[:at], torch.full((n,), Kind.SPAN), kinds[at:]])
         index = torch.cat([index[:at], torch.full((n,), -1), index[at:]])
@@ -202,5 +203,6 @@ def assemble(conversation: Conversation, span: SpanConfig, weights: LossWeights 
     audio_weight = per_row[:, None] * audio_on.float()[None]
     starts = (kinds == Kind.SPAN) & torch.cat([torch.tensor([True]), kinds[:-1] != Kind.SPAN])
     lengths = [len(s.text_ids) for s in sorted(conversation.spans, key=lambda s: s.frame)]
-    slices = tuple(slice(int(i), int(i) + n) for i, n in zip(torch.nonzero(starts).flatten().tolist(), lengths))
+    slices = tuple(slice(int(i), int(i) + n) for i, n in zip(torch.nonzero(starts).flatten().tolist(), lengths,
+                                                                 strict=True))
     return Assembled(frames, kinds, index, text_weight, audio_weight, slices)
