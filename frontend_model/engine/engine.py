@@ -1,16 +1,18 @@
 """Frame-by-frame stepping of a Moshi-family LM with one-pass Context Span injection.
 
 A span block is n columns inserted verbatim into the delayed stream the temporal transformer reads, the layout the
-Context Spanning model was trained on: after live column k-1 the transformer reads B_1 .. B_n, then column k. Column
-k is the one the last step left pending in LMGen's token ring (the text and agent semantic it sampled for frame k,
-the acoustic codes of frame k-1 on both sides); `inject` writes the block into the KV cache in one T=n forward and
-moves the ring n places on, so that column is read after the block. The first frame out after a span is therefore
-frame k: the text token and agent semantic code sampled before the span, with acoustic codes sampled after it.
-(The reference runtime instead returns the block's close id and SILENCE[0] there and patches them.)
-`inject_stepwise` feeds the same columns one at a time, the reference that tests and benchmarks compare with.
+Context Spanning model was trained on (frontend_model/span/convention.py): after live column k-1 the transformer
+reads B_1 .. B_n, then column k. Column k is the one the last step left pending in LMGen's token ring (the next
+frame's text and agent semantic, the acoustic codes of the frame before on both sides); `inject` writes the block
+into the KV cache in one T=n forward, samples that column's text token and agent semantic code again from the close
+position (where training supervises them; the ones sampled before the span are dropped) and moves the ring n places
+on, so that column is read after the block. The first frame out after a span is therefore conditioned on it. (The
+reference runtime instead returns the block's close id and SILENCE[0] there and patches them.) `inject_stepwise`
+feeds the same columns one at a time, the reference that tests and benchmarks compare with.
 
-A persona prefix is undelayed frames laid out through the delays, as PersonaPlex steps its prompts, optionally after
-a replayed voice prompt; `prefill` runs it in one pass and samples the pending column from its last position.
+A persona prefix is undelayed frames laid out as trained (the stream's initial column, then frame j at position
+j + 1), or after a replayed PersonaPlex voice prompt, through the delays as PersonaPlex steps its prompts; `prefill`
+runs it in one pass and samples the pending column from its last position.
 """
 
 from __future__ import annotations
