@@ -3,8 +3,11 @@
 Per n: one-pass injection + the next step (mean +- std, P99), the same span in power-of-two chunks on the scratch row
 (graphed on a GPU) + the next step and the max abs difference of its next-step text logits from one pass, and the same
 span columns fed one by one (T=1 each) with the speed-up of one pass over them and their logit difference.
-Also the cost of one whole frame (Mimi encode + LM step + Mimi decode) at batch 1, and for PersonaPlex-family models
-the step with the depformer run for the agent codebooks only (as served) next to all 16 (as the reference runs it).
+Also the cost of one whole frame (Mimi encode + LM step + Mimi decode) at batch 1, for PersonaPlex-family models
+the step with the depformer run for the agent codebooks only (as served) next to all 16 (as the reference runs it),
+and the span's exit: the frame after a span is sampled from the close position (the text head and the depformer once
+more, timed here, inside every span+step above), so the first frame out is conditioned on the span (counted against
+the same stream without it; before issue 21 that frame was sampled before the span, 1 frame = 80 ms later).
 """
 
 from __future__ import annotations
@@ -145,6 +148,37 @@ def measure_depformer(model: LoadedModel, repeats: int) -> dict[str, Any] | None
             "step_all_codebooks": summarise(every), "ratio": statistics.mean(every) / statistics.mean(agent_only)}
 
 
+def measure_exit(model: LoadedModel, repeats: int, trials: int, max_span: int) -> dict[str, Any]:
+    """The exit sample's cost (the depformer on a position's output, for the agent codebooks), and in how many of
+    `trials` streams the first and second frames out after a 16-frame span differ from the same stream without it."""
+    sync = device_sync(model.device)
+    with Engine(model, GREEDY, max_span_frames=max_span) as engine:
+        user = torch.tensor(model.span.sine_codes)
+        for _ in range(WARM_STEPS):
+            engine.step(user)
+        assert engine.sampler is not None
+        out = torch.zeros(1, 1, model.lm.dim, device=model.device, dtype=model.lm.dtype)
+        text = torch.zeros(1, dtype=torch.long, device=model.device)
+        with engine.sampler.installed(engine.lm_gen._streaming_state.exec_mask):
+            samples = [time_call(lambda: engine.lm_gen.depformer_step(text, out), sync) for _ in range(repeats)]
+    block = span_of_frames(model, 16)
+    differs = [0, 0]
+    for trial in range(trials):
+        codes = torch.randint(0, 2048, (WARM_STEPS + trial + 2, model.span.user_codebooks),
+                              generator=torch.Generator().manual_seed(trial))
+        texts = []
+        for inject in (False, True):
+            with Engine(model, GREEDY, max_span_frames=max_span) as engine:
+                for frame in codes[: WARM_STEPS + trial]:
+                    engine.step(frame)
+                if inject:
+                    engine.inject(block)
+                texts.append([engine.step(frame).text_token for frame in codes[WARM_STEPS + trial :]])
+        differs = [d + int(a != b) for d, a, b in zip(differs, *texts, strict=True)]
+    return {"exit_sample": summarise(samples), "trials": trials, "first_frame_differs": differs[0],
+            "second_frame_differs": differs[1], "first_conditioned_frame": 0, "first_conditioned_frame_before": 1}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     model = load_model(args.profile, args.checkpoint, device=args.device, context=args.context, reduced=args.reduced)
     frames = sorted(set(args.frames))
@@ -174,6 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine_info(str(model.device)),
         "frame": summarise(measure_frame(model, args.repeats, max_span)),
         "depformer": measure_depformer(model, args.repeats),
+        "exit": measure_exit(model, args.repeats, args.exit_trials, max_span),
         "rows": rows,
     }
 
@@ -203,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=lambda s: [int(x) for x in s.split(",")], default=[0, 16, 64, 256, 600])
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--stepwise-repeats", type=int, default=3)
+    parser.add_argument("--exit-trials", type=int, default=20,
+                        help="streams compared with and without a span for the exit's conditioning")
     parser.add_argument("--stepwise", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the column-by-column reference and compare logits (slow for long spans)")
     add_max_span_flag(parser)
@@ -219,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         d = result["depformer"]
         print(f"LM step, depformer for {d['codebooks'][0]} codebooks: mean {d['step_agent_only']['mean_ms']:.2f} ms; "
               f"for all {d['codebooks'][1]}: {d['step_all_codebooks']['mean_ms']:.2f} ms ({d['ratio']:.2f}x)")
+    e = result["exit"]
+    print(f"span exit: the frame after a span is sampled from the close position (+{e['exit_sample']['mean_ms']:.2f} "
+          f"ms, depformer once more); first frame out differs from no span in {e['first_frame_differs']}/"
+          f"{e['trials']} streams, the second in {e['second_frame_differs']}/{e['trials']}")
     save_json(args.json, result)
     return 0
 

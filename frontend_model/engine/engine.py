@@ -1,16 +1,18 @@
 """Frame-by-frame stepping of a Moshi-family LM with one-pass Context Span injection.
 
 A span block is n columns inserted verbatim into the delayed stream the temporal transformer reads, the layout the
-Context Spanning model was trained on: after live column k-1 the transformer reads B_1 .. B_n, then column k. Column
-k is the one the last step left pending in LMGen's token ring (the text and agent semantic it sampled for frame k,
-the acoustic codes of frame k-1 on both sides); `inject` writes the block into the KV cache in one T=n forward and
-moves the ring n places on, so that column is read after the block. The first frame out after a span is therefore
-frame k: the text token and agent semantic code sampled before the span, with acoustic codes sampled after it.
-(The reference runtime instead returns the block's close id and SILENCE[0] there and patches them.)
-`inject_stepwise` feeds the same columns one at a time, the reference that tests and benchmarks compare with.
+Context Spanning model was trained on (frontend_model/span/convention.py): after live column k-1 the transformer
+reads B_1 .. B_n, then column k. Column k is the one the last step left pending in LMGen's token ring (the next
+frame's text and agent semantic, the acoustic codes of the frame before on both sides); `inject` writes the block
+into the KV cache in one T=n forward, samples that column's text token and agent semantic code again from the close
+position (where training supervises them; the ones sampled before the span are dropped) and moves the ring n places
+on, so that column is read after the block. The first frame out after a span is therefore conditioned on it. (The
+reference runtime instead returns the block's close id and SILENCE[0] there and patches them.) `inject_stepwise`
+feeds the same columns one at a time, the reference that tests and benchmarks compare with.
 
-A persona prefix is undelayed frames laid out through the delays, as PersonaPlex steps its prompts, optionally after
-a replayed voice prompt; `prefill` runs it in one pass and samples the pending column from its last position.
+A persona prefix is undelayed frames laid out as trained (the stream's initial column, then frame j at position
+j + 1), or after a replayed PersonaPlex voice prompt, through the delays as PersonaPlex steps its prompts; `prefill`
+runs it in one pass and samples the pending column from its last position.
 """
 
 from __future__ import annotations
@@ -270,21 +272,35 @@ class Engine:
             raise ValueError(f"block has {frames} frames; this engine takes 1..{self.max_span_frames}")
 
     def _insert(self, block: Block, one_pass: bool) -> None:
-        """Span columns verbatim into the stream; the pending column is read after them."""
+        """Span columns verbatim into the stream; the pending column is read after them, its text token and agent
+        semantic code sampled again from the close position (the frame training supervises there)."""
         self._check_block(block)
         lo, hi = self._forced_rows()
         columns = block.tokens.to(self.model.device)[None].expand(hi - lo, -1, -1)
-        self._forward(embed_columns(self.model.lm, columns), one_pass)
+        out, logits = self._forward(embed_columns(self.model.lm, columns), one_pass)
+        text, semantic = self._sample_next(out, logits, lo, hi)
         state = self._state()
         ring = state.cache[lo:hi]
         offsets = state.offsets[lo:hi]
         # The pending column would have been read at its own position: the stream's first ones read initial tokens.
         at = (offsets % ring.shape[2])[:, None, None].expand(-1, ring.shape[1], 1)
         pending = ring.gather(2, at)
+        pending[:, 0, 0] = text
+        pending[:, 1, 0] = semantic
         is_init = offsets[:, None, None] <= self._delays[None, :, None]
         ring.scatter_(2, at, torch.where(is_init, state.initial, pending))
         ring.copy_(torch.roll(ring, block.frames, dims=2))
         self._advance(lo, hi, block.frames)
+
+    def _sample_next(self, out: torch.Tensor, logits: torch.Tensor, lo: int, hi: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What LMGen's step samples from a position's output: the next column's text token and agent semantic
+        code ([hi - lo] each), with the rows' own sampling; the depformer's other codebooks are not kept."""
+        self._on_text_logits(logits)
+        with self._sampler().installed(self._state().exec_mask, lo, hi):
+            text = self._sampler().sample(logits, Stream.TEXT)[:, 0, 0]
+            semantic = self.lm_gen.depformer_step(text, out)[:, 0]
+        return text, semantic
 
     def _prefill(self, prefix: Prefix, one_pass: bool) -> None:
         """Replayed embeddings, then the frames' columns, in one forward; then the pending column is sampled."""
@@ -296,20 +312,22 @@ class Engine:
         lo, hi = self._forced_rows()
         device = self.model.device
         frames = block.tokens.to(device)
-        carry = None if prefix.carry is None else prefix.carry.to(device)
-        columns = delayed_columns(frames, lm.delays, carry)[None].expand(hi - lo, -1, -1)
-        columns = initial_columns(columns, prefix.replayed, self._delays, state.initial)
+        if prefix.embeddings is None:
+            # As the model was trained: the stream's initial column, then frame j at position j + 1.
+            initial = state.initial[0, :, 0]
+            columns = delayed_columns(torch.cat([initial[:, None], frames], dim=1), lm.delays, initial)
+            columns = columns[None].expand(hi - lo, -1, -1)
+        else:
+            carry = None if prefix.carry is None else prefix.carry.to(device)
+            columns = delayed_columns(frames, lm.delays, carry)[None].expand(hi - lo, -1, -1)
+            columns = initial_columns(columns, prefix.replayed, self._delays, state.initial)
         x = embed_columns(lm, columns)
         if prefix.embeddings is not None:
             replay = prefix.embeddings.to(device, x.dtype).reshape(1, prefix.replayed, -1).expand(hi - lo, -1, -1)
             x = torch.cat([replay, x], dim=1)
-        out, logits = self._forward(x, one_pass)
-        # What LMGen's step would sample from the last position: the text token and the agent semantic code of the
-        # next column; its acoustic rows (agent and user, delay 1) are the last frame's.
-        self._on_text_logits(logits)
-        with self._sampler().installed(self._state().exec_mask, lo, hi):
-            text = self._sampler().sample(logits, Stream.TEXT)[:, 0, 0]
-            semantic = self.lm_gen.depformer_step(text, out)[:, 0]
+        # The next column's text token and agent semantic code come from the last position; its acoustic rows (agent
+        # and user, delay 1) are the last frame's.
+        text, semantic = self._sample_next(*self._forward(x, one_pass), lo, hi)
         # The ring as LMGen's step on the last column leaves it: that column, then the next one but for the user
         # rows a step reads from its own input.
         ring = state.cache[lo:hi]

@@ -25,10 +25,12 @@ class Block:
 class Prefix:
     """A persona prefix, prefilled before the first step: optional replayed columns, then frames.
 
-    `embeddings` [E, dim] are the summed input embeddings of the stream's first E columns (a PersonaPlex voice
-    prompt). `block` holds undelayed frames (text, agent rows, user rows), laid out through the LM's delays as
-    PersonaPlex's runtime steps them; `carry` [rows] is the frame before them, whose delayed rows the first of
-    them reads (None at the start of the stream, where those rows read the initial tokens).
+    `block` holds undelayed frames (text, agent rows, user rows). Without embeddings they are laid out as the model
+    was trained on them (frontend_model/span/convention.py): the stream's initial column, then frame j at position
+    j + 1. `embeddings` [E, dim] are the summed input embeddings of the stream's first E columns, initial one
+    included (a PersonaPlex voice prompt), after which the frames are laid out through the LM's delays as
+    PersonaPlex's runtime steps them; `carry` [rows] is the frame before them, whose delayed rows the first of them
+    reads.
     """
 
     block: Block
@@ -41,5 +43,5 @@ class Prefix:
 
     @property
     def frames(self) -> int:
-        """Stream positions the prefix fills: the engine's offset after prefilling it."""
-        return self.replayed + self.block.frames
+        """Stream positions the prefix fills, the initial column included: the engine's offset after prefilling it."""
+        return (self.replayed or 1) + self.block.frames

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def test_bench_span_and_batch_run(tmp_path: Path, profile: list[str]) -> None:
     common = [*profile, "--device", "cpu", "--context", "32"]
     assert span_latency.main(["--profile", *common, "--frames", "0,8", "--repeats", "2", "--stepwise-repeats", "1",
-                              "--json", str(tmp_path / "span.json")]) == 0
+                              "--exit-trials", "2", "--json", str(tmp_path / "span.json")]) == 0
     assert batch_ticks.main(["--profile", *common, "--sessions", "1,2", "--ticks", "4", "--rounds", "1",
                              "--span-frames", "4", "--json", str(tmp_path / "batch.json")]) == 0
     span = json.loads((tmp_path / "span.json").read_text())
@@ -27,12 +27,13 @@ def test_bench_span_and_batch_run(tmp_path: Path, profile: list[str]) -> None:
     assert span["profile"] == batch["profile"] == profile[0]
     assert [row["frames"] for row in span["rows"]] == [0, 8] and span["rows"][1]["max_abs_logit_diff"] < 1e-4
     assert [row["sessions"] for row in batch["rows"]] == [1, 2]
+    assert span["exit"]["trials"] == 2 and span["exit"]["exit_sample"]["runs"] == 2
 
 
 def test_benches_size_rings_as_the_server_and_can_skip_the_stepwise_reference(tmp_path: Path) -> None:
     served = ServerSettings().max_span_frames
     common = ["--profile", "tiny", "--device", "cpu", "--context", "32"]
-    assert span_latency.main([*common, "--frames", "0,8", "--repeats", "2", "--no-stepwise",
+    assert span_latency.main([*common, "--frames", "0,8", "--repeats", "2", "--no-stepwise", "--exit-trials", "1",
                               "--json", str(tmp_path / "span.json")]) == 0
     assert batch_ticks.main([*common, "--sessions", "1", "--ticks", "2", "--rounds", "1", "--span-frames", "4",
                              "--json", str(tmp_path / "batch.json")]) == 0

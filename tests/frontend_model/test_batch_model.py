@@ -148,7 +148,8 @@ def test_a_slot_steps_count_and_prefill_guard(model: LoadedModel) -> None:
         together.open_slot(1, None)
         together.tick({0: np.zeros(FRAME_SAMPLES, np.float32)})
         assert together.frames_stepped == [1, 0]
-        assert together.engine.slot_offset(0) == 5 and together.engine.slot_offset(1) == 0
+        # The prefix fills its 4 frames after the stream's initial column (the trained layout), then one step.
+        assert together.engine.slot_offset(0) == probe.frames + 1 == 6 and together.engine.slot_offset(1) == 0
         with pytest.raises(RuntimeError, match="prefill of slot 0 after its first step"):
             together.engine.prefill_slot(0, probe)
     finally:

@@ -2,8 +2,10 @@
 
 Both families: the tiny Moshi-shaped model (dep_q 8) and a PersonaPlex-shaped one (dep_q 16, stepped on its agent
 rows). The references here are written against moshi itself, not against the engine's code: a span is its columns
-through `forward_text` one at a time (T=1) with the pending column moved on after each; a prefix is its columns one
-at a time and then one ordinary LMGen step on the last, with the last frame's agent acoustic codes kept.
+through `forward_text` one at a time (T=1), then the pending column's text and agent semantic sampled from the last
+of them and the column moved on; a prefix is its columns one at a time and then one ordinary LMGen step on the last,
+with the last frame's agent acoustic codes kept. (That the layouts are the trained ones is
+tests/frontend_model/test_engine_convention.py's subject.)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from frontend_model.engine.engine import GREEDY, Engine
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.span.block import Block, Prefix
 from frontend_model.span.build import build_prefix, silence_frames
+from frontend_model.span.convention import Conversation, assemble
 from frontend_model.span.voice_prompt import VoicePrompt
 from tests.support.engine import FAMILIES, assert_same_state, snapshot, span_like_block, tiny_model, user_frames
 
@@ -63,11 +66,24 @@ def assert_same_run(a: tuple, b: tuple) -> None:
 
 
 # spans ------------------------------------------------------------------------------------------------------------
-def read_pending_later(engine: Engine, frames: int) -> None:
+def greedy_text(engine: Engine, logits: torch.Tensor) -> torch.Tensor:
+    logits = logits.clone()
+    logits[..., sorted(engine.model.suppressed_text_ids)] = float("-inf")
+    return logits.argmax(dim=-1).reshape(-1)
+
+
+def read_pending_later(engine: Engine, frames: int, out: torch.Tensor, logits: torch.Tensor) -> None:
+    """The pending column, its text and agent semantic sampled (greedy) from the last forced position, is read
+    `frames` positions later."""
     state = engine.lm_gen._streaming_state
     at = int(state.offsets[0]) % state.cache.shape[2]
     delays = torch.tensor(engine.model.lm.delays)
-    pending = state.cache[0, :, at]
+    text = greedy_text(engine, logits)
+    assert engine.sampler is not None
+    with engine.sampler.installed(state.exec_mask):
+        semantic = engine.lm_gen.depformer_step(text, out)[:, 0]
+    pending = state.cache[0, :, at].clone()
+    pending[0], pending[1] = text[0], semantic[0]
     state.cache[0, :, at] = torch.where(state.offsets[0] <= delays, state.initial[0, :, 0], pending)
     for _ in range(frames):
         state.cache.copy_(torch.roll(state.cache, 1, dims=2))
@@ -78,8 +94,8 @@ def read_pending_later(engine: Engine, frames: int) -> None:
 def columns_one_by_one(engine: Engine, block: Block) -> None:
     """The trained layout, column by column: each block column verbatim (T=1), the pending column read after."""
     for i in range(block.frames):
-        engine.model.lm.forward_text(block.tokens[None, :, i : i + 1])
-    read_pending_later(engine, block.frames)
+        out, logits = engine.model.lm.forward_text(block.tokens[None, :, i : i + 1])
+    read_pending_later(engine, block.frames, out, logits)
 
 
 def one_pass(engine: Engine, block: object) -> None:
@@ -110,29 +126,28 @@ def test_ring_of_exactly_context_breaks_after_wrap(model: LoadedModel, monkeypat
     assert (fast[1] - slow[1]).abs().max().item() > 1e-3
 
 
-def test_the_first_frame_after_a_span(model: LoadedModel) -> None:
-    """Frame k, pending when the span came: its text and agent semantic sampled before the span, its acoustic
-    codes sampled after it (the depformer runs on the transformer's read of column k, after the block)."""
+def test_the_first_frame_after_a_span_is_sampled_from_the_close_position(model: LoadedModel) -> None:
+    """The frame pending when the span came is read after the block, its text token now the one the close position
+    predicts (through moshi's `forward_text`, one column at a time), not the one sampled before the block. (Before
+    issue 21 it kept the text and agent semantic sampled before the span.)"""
     user = user_frames(30, seed=11)
     block = span_like_block(Engine(model, GREEDY), 16, seed=2)
-    outputs = []
-    pending = []
-    for inject in (False, True):
-        with Engine(model, GREEDY, max_span_frames=MAX_SPAN) as engine:
-            for i in range(12):
-                engine.step(user[i])
-            state = engine.lm_gen._streaming_state
-            pending.append(state.cache[0, :2, int(state.offsets[0]) % state.cache.shape[2]].tolist())
-            if inject:
-                engine.inject(block)
-            out = engine.step(user[12])
-            ring = state.cache[0, :, int(state.offsets[0]) % state.cache.shape[2]]
-            assert out.agent_codes[1:].tolist() == ring[2 : 1 + model.span.agent_codebooks].tolist()
-            outputs.append((out.text_token, out.agent_codes.tolist()))
-    (plain_text, plain_codes), (text, codes) = outputs
-    assert pending[0] == pending[1] == [text, codes[0]]
-    assert (text, codes[0]) == (plain_text, plain_codes[0]) and text != model.span.close_id
-    assert codes[1:] != plain_codes[1:], "the acoustic codes are sampled after the span"
+    texts = []
+    with Engine(model, GREEDY, max_span_frames=MAX_SPAN) as engine:
+        for i in range(12):
+            engine.step(user[i])
+        state = engine.lm_gen._streaming_state
+        before = state.cache[0, 0, int(state.offsets[0]) % state.cache.shape[2]].item()
+        for i in range(block.frames):
+            _, logits = model.lm.forward_text(block.tokens[None, :, i : i + 1])
+        texts.append(int(greedy_text(engine, logits)[0]))
+    with Engine(model, GREEDY, max_span_frames=MAX_SPAN) as engine:
+        for i in range(12):
+            engine.step(user[i])
+        engine.inject(block)
+        out = engine.step(user[12])
+    assert out.text_token == texts[0] != model.span.close_id
+    assert before != texts[0], "this seed's close position predicts another token than the step before the span"
 
 
 # prefixes ---------------------------------------------------------------------------------------------------------
@@ -156,8 +171,8 @@ def prefill_by_steps(engine: Engine, prefix: object) -> None:
         for embedding in prefix.embeddings:
             forward_last(lm, embedding.view(1, 1, -1).to(lm.dtype))
         columns = stream_columns(torch.cat([prefix.carry[:, None], frames], dim=1), lm.delays)[:, 1:]
-    else:
-        columns = stream_columns(frames, lm.delays)
+    else:  # as trained: the stream's initial column first
+        columns = stream_columns(torch.cat([state.initial[0], frames], dim=1), lm.delays)
     positions = prefix.replayed + torch.arange(columns.shape[1])
     columns = torch.where(positions[None] <= torch.tensor(lm.delays)[:, None], state.initial[0], columns)
     for j in range(columns.shape[1] - 1):
@@ -182,18 +197,21 @@ def voice_codes(model: LoadedModel, frames: int) -> VoicePrompt:
 
 
 def as_embeddings(model: LoadedModel, voice: VoicePrompt) -> VoicePrompt:
-    """What PersonaPlex records for a voice: the summed embeddings of the first N-1 stream columns of its N frames,
-    and its ring of 4 columns after them (column N-1 whole, the delayed rows of column N), other slots stale."""
+    """A voice in PersonaPlex's format, recorded from its frames laid out as trained (the sequence convention): the
+    summed embeddings of the stream's first N columns (the initial one, then frames 0..N-2), and a ring of 4
+    columns after them (column N whole, the delayed rows of column N + 1), other slots stale."""
     frames = build_prefix("", model.tokenizer, model.span, voice).block.tokens[:, : voice.frames]
-    columns = stream_columns(frames, model.lm.delays)
-    initial = model.lm._get_initial_token()[0]
-    columns = torch.where(torch.arange(voice.frames)[None] <= torch.tensor(model.lm.delays)[:, None], initial, columns)
-    count = voice.frames - 1
+    empty = torch.zeros(0, dtype=torch.long)
+    voice_only = Conversation(empty, empty.reshape(model.span.agent_codebooks, 0),
+                              empty.reshape(model.span.user_codebooks, 0), prefix=Prefix(Block(frames)))
+    initial = model.lm._get_initial_token()[0, :, 0].tolist()
+    columns = assemble(voice_only, model.span).columns(model.lm.delays, initial)
+    count = voice.frames
     embeddings = embed_columns(model.lm, columns[None, :, :count])[0].reshape(count, 1, 1, -1)
     ring = torch.full((1, model.span.num_rows, PERSONAPLEX_RING), -2, dtype=torch.long)
     ring[0, :, count % PERSONAPLEX_RING] = columns[:, count]
     delayed = torch.tensor(model.lm.delays) > 0
-    ring[0, delayed, voice.frames % PERSONAPLEX_RING] = frames[delayed, -1]
+    ring[0, delayed, (count + 1) % PERSONAPLEX_RING] = frames[delayed, -1]
     return VoicePrompt("embeddings", embeddings=embeddings, cache=ring)
 
 
@@ -248,4 +266,4 @@ def test_the_prefix_is_laid_out_in_the_family_order(model: LoadedModel) -> None:
     assert torch.equal(tokens[1 : 1 + span.agent_codebooks, :5], voice.codes)
     assert torch.equal(tokens[1:, 5 : 5 + span.prefix_silence_frames], silence[1:])
     assert (tokens[1 + span.agent_codebooks :] == torch.tensor(span.sine_codes)[:, None]).all()
-    assert prefix.embeddings is None and prefix.frames == tokens.shape[1]
+    assert prefix.embeddings is None and prefix.frames == 1 + tokens.shape[1]  # the stream's initial column first
