@@ -1,4 +1,4 @@
-"""`contextspan serve`, `ask`, `infer` (flags mirror ServerSettings field by field), `client` and `bench ...`."""
+"""`contextspan serve`, `ask`, `infer` (flags mirror ServerSettings), `client`, `train` and `bench ...`."""
 
 from __future__ import annotations
 
@@ -87,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     bench = commands.add_parser("bench", help="benchmarks: `load`, `span`, `retrieval`, `batch`, `soak`, `faults`")
     bench.add_argument("which", choices=list(BENCHMARKS))
     commands.add_parser("client", help="say an audio file to a server: write the agent's voice, print its events")
+    commands.add_parser("train", help="train (or take from the cache) the tiny Context Spanning model: --out DIR")
+    if argv[:1] == ["train"]:  # the trainer owns its flags
+        from frontend_model.training.command import train_main
+
+        return train_main(argv[1:])
     if argv[:1] == ["client"]:  # the client owns its flags, and needs no server settings
         from contextspan_client.client import client_main
 

@@ -1,0 +1,236 @@
+"""Synthetic spoken conversations laid out as the token stream the model reads when it serves.
+
+A conversation is a list of frames (text row, agent rows, user rows; the persona prefix first, built by the
+serving code's `build_prefix`), turned into stream columns by the engine's own `delayed_columns` and
+`initial_columns`; span blocks from the serving code's `build_span` are inserted into the stream verbatim before the
+column they precede, as `Engine.inject` does. So a trained model sees exactly the layout the server feeds it.
+
+In a turn the user asks a question (espeak-ng speech encoded by the tiny Mimi), the agent's text row carries `<ret>`
+`RET_OFFSET` frames after the question's speech ends, a span with the answer arrives 1..`max_gap` frames later, and
+the agent's text row then says the span's tokens one a frame, from the column right after the block, while the
+user is quiet. Chatter (statements) and silence ask nothing. Prefix and span columns carry no loss; `<ret>` is
+weighted up and padding down, as the reference's fine-tuning weights them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import sentencepiece
+import torch
+from moshi.models.compression import MimiModel
+
+from frontend_model.engine.columns import delayed_columns, initial_columns
+from frontend_model.frame import FRAME_SAMPLES
+from frontend_model.span.build import build_prefix, build_span, forbidden_ids
+from frontend_model.span.config import SpanConfig
+from frontend_model.span.voice_prompt import VoicePrompt
+from frontend_model.training.recipes import Split, draw_chatter, draw_exchange, draw_voice
+from frontend_model.training.speech import Voice, speak
+
+RET_OFFSET = 2  # frames between the end of a question's speech and `<ret>` on the agent's text row
+RET_WEIGHT = 5.0  # the reference's `w_ret`
+PAD_WEIGHT = 0.5  # the reference's `pad_w`
+MAX_SPAN_FRAMES = 48
+LEAD_FRAMES = 3  # silence before speech when encoding, so the codec's causal state has settled
+TAIL_FRAMES = 6  # silence after speech kept with the utterance: the codec's decay into steady silence
+PERSONAS = ("", "You are a helpful assistant.", "You are a friendly voice assistant. Answer briefly.",
+            "You answer questions about time, dates and numbers.")
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """A spoken sentence: user-side Mimi codes [user codebooks, frames], speech ending at `speech_frames`."""
+
+    text: str
+    voice: str
+    codes: torch.Tensor
+    speech_frames: int
+
+
+@dataclass(frozen=True)
+class Question:
+    utterance: Utterance
+    kind: str
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """Stream columns [rows, L] and the loss weight of each column's text token [L] (0: no loss)."""
+
+    columns: torch.Tensor
+    weights: torch.Tensor
+    ret_columns: tuple[int, ...]
+    answer_columns: tuple[tuple[int, ...], ...]
+
+    def last(self, columns: int) -> Sequence:
+        """The last `columns` columns; `<ret>` and answers that fall before them are dropped."""
+        cut = max(0, self.columns.shape[1] - columns)
+        answers = tuple(tuple(c - cut for c in a) for a in self.answer_columns if a and a[0] - 1 >= cut)
+        return Sequence(self.columns[:, cut:], self.weights[cut:], tuple(r - cut for r in self.ret_columns if r > cut),
+                        answers)
+
+
+@torch.no_grad()
+def encode_speech(mimi: MimiModel, pcms: list[np.ndarray]) -> list[tuple[torch.Tensor, int]]:
+    """PCM clips, encoded together -> per clip (codes [codebooks, frames] from the first speech frame to
+    `TAIL_FRAMES` after it, speech frames). Each clip starts after `LEAD_FRAMES` of silence; shorter clips are
+    padded with silence, which only follows their own frames (the codec is causal)."""
+    speech = [math.ceil(len(pcm) / FRAME_SAMPLES) for pcm in pcms]
+    total = (LEAD_FRAMES + max(speech) + TAIL_FRAMES) * FRAME_SAMPLES
+    signal = torch.zeros(len(pcms), 1, total)
+    for i, pcm in enumerate(pcms):
+        start = LEAD_FRAMES * FRAME_SAMPLES
+        signal[i, 0, start:start + len(pcm)] = torch.from_numpy(pcm.astype(np.float32))
+    codes = mimi.encode(signal.to(next(mimi.parameters()).device)).cpu()
+    return [(codes[i, :, LEAD_FRAMES:LEAD_FRAMES + frames + TAIL_FRAMES], frames) for i, frames in enumerate(speech)]
+
+
+def speak_and_encode(mimi: MimiModel, lines: list[tuple[str, Voice, float]], batch_size: int = 16) -> list[Utterance]:
+    """(text, voice, gain) -> utterances, spoken by espeak-ng and encoded `batch_size` at a time."""
+    out = []
+    for lo in range(0, len(lines), batch_size):
+        chunk = lines[lo:lo + batch_size]
+        encoded = encode_speech(mimi, [speak(text, voice) * gain for text, voice, gain in chunk])
+        out += [Utterance(text, voice.label(), codes, frames)
+                for (text, voice, _), (codes, frames) in zip(chunk, encoded, strict=True)]
+    return out
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Every utterance a split speaks, encoded once."""
+
+    questions: tuple[Question, ...]
+    chatter: tuple[Utterance, ...]
+
+
+def synthesise_corpus(mimi: MimiModel, split: Split, questions: int, chatter: int, seed: int) -> Corpus:
+    rng = random.Random(f"{split}-{seed}")
+    exchanges = [draw_exchange(rng, split) for _ in range(questions)]
+    asked = speak_and_encode(mimi, [(e.question, draw_voice(rng, split), rng.uniform(0.5, 1.2)) for e in exchanges])
+    said = speak_and_encode(mimi, [(draw_chatter(rng, split), draw_voice(rng, split), rng.uniform(0.5, 1.2))
+                                   for _ in range(chatter)])
+    return Corpus(tuple(Question(u, e.kind) for u, e in zip(asked, exchanges, strict=True)), tuple(said))
+
+
+class Assembler:
+    """Frames -> stream columns and loss weights, with the serving code's prefix, span and column builders."""
+
+    def __init__(self, tokenizer: sentencepiece.SentencePieceProcessor, span: SpanConfig, delays: list[int],
+                 initial: torch.Tensor, voice: VoicePrompt | None) -> None:
+        self.tokenizer = tokenizer
+        self.span = span
+        self.delays = delays
+        self.initial = initial  # [rows]: LMGen's initial tokens
+        self.voice = voice
+        self.forbidden = forbidden_ids(tokenizer, span)
+        self.silence = torch.tensor(span.silence_codes, dtype=torch.long)
+        self.sine = torch.tensor(span.sine_codes, dtype=torch.long)
+
+    def quiet(self, frames: int) -> torch.Tensor:
+        """Live frames where nobody speaks: text pad, silence codes on both sides (the user's silence is the codec's
+        steady silence, which the silence codes are)."""
+        column = torch.cat([torch.tensor([self.span.text_pad_id]), self.silence, self.silence])
+        return column[:, None].repeat(1, frames)
+
+    def speech(self, utterance: Utterance) -> torch.Tensor:
+        frames = self.quiet(utterance.codes.shape[1])
+        frames[1 + self.span.agent_codebooks:] = utterance.codes
+        return frames
+
+    def prefix(self, rng: random.Random) -> torch.Tensor:
+        persona = rng.choice(PERSONAS)
+        voice = self.voice if rng.random() < 0.3 else None
+        built = build_prefix(persona, self.tokenizer, self.span, voice, self.delays, self.forbidden)
+        return built.block.tokens if built is not None else torch.zeros(self.span.num_rows, 0, dtype=torch.long)
+
+    def answer(self, text: str) -> tuple[list[int], torch.Tensor]:
+        """The answer's token ids and its span block, as the session builds it from the backend's text."""
+        built = build_span(text, self.tokenizer, self.span, MAX_SPAN_FRAMES, self.forbidden)
+        assert built.block is not None, f"the answer {text!r} tokenises to nothing"
+        return list(built.token_ids), built.block.tokens
+
+    def conversation(self, rng: random.Random, corpus: Corpus, split: Split, max_gap: int, turns: int,
+                     window: int | None = None) -> Sequence:
+        """One or more turns after an optional persona prefix; a turn may be chatter or silence only. `window`
+        keeps the last columns only (training cost), as a long session's window reads them."""
+        prefix = self.prefix(rng) if rng.random() < 0.3 else torch.zeros(self.span.num_rows, 0, dtype=torch.long)
+        parts = [prefix]
+        weights = [torch.zeros(prefix.shape[1])]
+        spans: list[tuple[int, torch.Tensor]] = []  # (live column the block precedes, the block)
+        rets: list[int] = []
+        at = prefix.shape[1]
+
+        def add(frames: torch.Tensor, weight: torch.Tensor | None = None) -> None:
+            nonlocal at
+            parts.append(frames)
+            if weight is None:
+                weight = torch.full((frames.shape[1],), PAD_WEIGHT)
+            weights.append(weight)
+            at += frames.shape[1]
+
+        for _ in range(turns):
+            add(self.quiet(rng.randint(2, 12)))
+            if rng.random() < 0.2 and corpus.chatter:
+                add(self.speech(rng.choice(corpus.chatter)))
+                add(self.quiet(rng.randint(3, 8)))
+            if rng.random() < 0.15:  # asks nothing this turn
+                continue
+            question = rng.choice(corpus.questions)
+            utterance = question.utterance
+            ids, block = self.answer(draw_exchange(rng, split).answer)  # drawn afresh: copied, not memorised
+            start = at
+            add(self.speech(utterance))
+            ret = start + utterance.speech_frames + RET_OFFSET
+            inject = ret + rng.randint(1, max_gap)
+            needed = inject + len(ids) + rng.randint(2, 8) - at
+            add(self.quiet(max(needed, 0)))
+            frames = torch.cat(parts, dim=1)
+            weight = torch.cat(weights)
+            frames[0, ret] = self.span.ret_id
+            weight[ret] = RET_WEIGHT
+            frames[0, inject:inject + len(ids)] = torch.tensor(ids)
+            weight[inject:inject + len(ids)] = 1.0
+            parts, weights = [frames], [weight]
+            rets.append(ret)
+            spans.append((inject, block))
+        frames, weight = torch.cat(parts, dim=1), torch.cat(weights)
+        sequence = self.layout(frames, weight, rets, spans)
+        return sequence if window is None else sequence.last(window)
+
+    def layout(self, frames: torch.Tensor, weight: torch.Tensor, rets: list[int],
+               spans: list[tuple[int, torch.Tensor]]) -> Sequence:
+        """Frames through the delays as the engine lays them out, then each span block before its column."""
+        delays = torch.tensor(self.delays)
+        columns = delayed_columns(frames, self.delays, None)
+        columns = initial_columns(columns[None], 0, delays, self.initial[None, :, None])[0]
+        pieces, piece_weights, shift, cut = [], [], 0, 0
+        ret_columns, answers = [], []
+        for inject, block in spans:
+            pieces += [columns[:, cut:inject], block]
+            piece_weights += [weight[cut:inject], torch.zeros(block.shape[1])]
+            ret_columns += [r + shift for r in rets if cut <= r < inject]
+            shift += block.shape[1]
+            answers.append(tuple(range(inject + shift, inject + shift + block.shape[1] - 2)))
+            cut = inject
+        pieces.append(columns[:, cut:])
+        piece_weights.append(weight[cut:])
+        ret_columns += [r + shift for r in rets if r >= cut]
+        return Sequence(torch.cat(pieces, dim=1), torch.cat(piece_weights), tuple(sorted(ret_columns)),
+                        tuple(answers))
+
+
+
+def batch(sequences: list[Sequence], pad_column: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, rows, L] columns padded with a quiet column (no loss) and [B, L] weights."""
+    length = max(s.columns.shape[1] for s in sequences)
+    columns = pad_column[None, :, None].repeat(len(sequences), 1, length)
+    weights = torch.zeros(len(sequences), length)
+    for i, s in enumerate(sequences):
+        columns[i, :, : s.columns.shape[1]] = s.columns
+        weights[i, : s.weights.shape[0]] = s.weights
+    return columns, weights
