@@ -1,9 +1,6 @@
-"""Synthetic spoken conversations laid out as the token stream the model reads when it serves.
-
-A conversation is a list of frames (text row, agent rows, user rows; the persona prefix first, built by the
-serving code's `build_prefix`), turned into stream columns by the engine's own `delayed_columns` and
-`initial_columns`; span blocks from the serving code's `build_span` are inserted into the stream verbatim before the
-column they precede, as `Engine.inject` does. So a trained model sees exactly the layout the server feeds it.
+"""Synthetic spoken conversations, laid out by the sequence convention (`frontend_model.span.convention`, the one
+the engine is tested against) into the columns the temporal transformer reads when it serves: the persona prefix
+from the serving code's `build_prefix`, span blocks built from text as the server builds them, the MOVE rule.
 
 In a turn the user asks a question (espeak-ng speech encoded by the tiny Mimi), the agent's text row carries `<ret>`
 `RET_OFFSET` frames after the question's speech ends, a span with the answer arrives 1..`max_gap` frames later, and
@@ -23,10 +20,11 @@ import sentencepiece
 import torch
 from moshi.models.compression import MimiModel
 
-from frontend_model.engine.columns import delayed_columns, initial_columns
 from frontend_model.frame import FRAME_SAMPLES
-from frontend_model.span.build import build_prefix, build_span, forbidden_ids
+from frontend_model.span.block import Prefix
+from frontend_model.span.build import build_prefix, forbidden_ids
 from frontend_model.span.config import SpanConfig
+from frontend_model.span.convention import Assembled, Conversation, LossWeights, SpanAt, assemble
 from frontend_model.span.voice_prompt import VoicePrompt
 from frontend_model.training.recipes import Split, draw_chatter, draw_exchange, draw_voice
 from frontend_model.training.speech import Voice, speak
@@ -59,7 +57,8 @@ class Question:
 
 @dataclass(frozen=True)
 class Sequence:
-    """Stream columns [rows, L] and the loss weight of each column's text token [L] (0: no loss)."""
+    """Stream columns [rows, L] and the loss weight of each column's text token [L] (0: no loss): position p
+    predicts the text of column p + 1. `ret_columns` and `answer_columns` locate `<ret>` and the answers' tokens."""
 
     columns: torch.Tensor
     weights: torch.Tensor
@@ -118,18 +117,17 @@ def synthesise_corpus(mimi: MimiModel, split: Split, questions: int, chatter: in
 
 
 class Assembler:
-    """Frames -> stream columns and loss weights, with the serving code's prefix, span and column builders."""
+    """Conversations drawn at random, laid out by the sequence convention (`frontend_model.span.convention`)."""
 
     def __init__(self, tokenizer: sentencepiece.SentencePieceProcessor, span: SpanConfig, delays: list[int],
                  initial: torch.Tensor, voice: VoicePrompt | None) -> None:
         self.tokenizer = tokenizer
         self.span = span
         self.delays = delays
-        self.initial = initial  # [rows]: LMGen's initial tokens
+        self.initial = initial.tolist()  # LMGen's initial token of each row
         self.voice = voice
         self.forbidden = forbidden_ids(tokenizer, span)
         self.silence = torch.tensor(span.silence_codes, dtype=torch.long)
-        self.sine = torch.tensor(span.sine_codes, dtype=torch.long)
 
     def quiet(self, frames: int) -> torch.Tensor:
         """Live frames where nobody speaks: text pad, silence codes on both sides (the user's silence is the codec's
@@ -142,35 +140,24 @@ class Assembler:
         frames[1 + self.span.agent_codebooks:] = utterance.codes
         return frames
 
-    def prefix(self, rng: random.Random) -> torch.Tensor:
+    def prefix(self, rng: random.Random) -> Prefix | None:
         persona = rng.choice(PERSONAS)
         voice = self.voice if rng.random() < 0.3 else None
-        built = build_prefix(persona, self.tokenizer, self.span, voice, self.delays, self.forbidden)
-        return built.block.tokens if built is not None else torch.zeros(self.span.num_rows, 0, dtype=torch.long)
-
-    def answer(self, text: str) -> tuple[list[int], torch.Tensor]:
-        """The answer's token ids and its span block, as the session builds it from the backend's text."""
-        built = build_span(text, self.tokenizer, self.span, MAX_SPAN_FRAMES, self.forbidden)
-        assert built.block is not None, f"the answer {text!r} tokenises to nothing"
-        return list(built.token_ids), built.block.tokens
+        return build_prefix(persona, self.tokenizer, self.span, voice, self.delays, self.forbidden)
 
     def conversation(self, rng: random.Random, corpus: Corpus, split: Split, max_gap: int, turns: int,
                      window: int | None = None) -> Sequence:
         """One or more turns after an optional persona prefix; a turn may be chatter or silence only. `window`
         keeps the last columns only (training cost), as a long session's window reads them."""
-        prefix = self.prefix(rng) if rng.random() < 0.3 else torch.zeros(self.span.num_rows, 0, dtype=torch.long)
-        parts = [prefix]
-        weights = [torch.zeros(prefix.shape[1])]
-        spans: list[tuple[int, torch.Tensor]] = []  # (live column the block precedes, the block)
+        prefix = self.prefix(rng) if rng.random() < 0.3 else None
+        parts: list[torch.Tensor] = []
         rets: list[int] = []
-        at = prefix.shape[1]
+        spans: list[SpanAt] = []
+        at = 0
 
-        def add(frames: torch.Tensor, weight: torch.Tensor | None = None) -> None:
+        def add(frames: torch.Tensor) -> None:
             nonlocal at
             parts.append(frames)
-            if weight is None:
-                weight = torch.full((frames.shape[1],), PAD_WEIGHT)
-            weights.append(weight)
             at += frames.shape[1]
 
         for _ in range(turns):
@@ -180,49 +167,38 @@ class Assembler:
                 add(self.quiet(rng.randint(3, 8)))
             if rng.random() < 0.15:  # asks nothing this turn
                 continue
-            question = rng.choice(corpus.questions)
-            utterance = question.utterance
-            ids, block = self.answer(draw_exchange(rng, split).answer)  # drawn afresh: copied, not memorised
+            utterance = rng.choice(corpus.questions).utterance
             start = at
             add(self.speech(utterance))
             ret = start + utterance.speech_frames + RET_OFFSET
             inject = ret + rng.randint(1, max_gap)
-            needed = inject + len(ids) + rng.randint(2, 8) - at
-            add(self.quiet(max(needed, 0)))
+            # The answer is drawn afresh for every conversation: the model must copy it, it cannot memorise it.
+            block = SpanAt.from_text(inject, draw_exchange(rng, split).answer, self.tokenizer, self.span,
+                                     MAX_SPAN_FRAMES)
+            answer = list(block.text_ids[1:-1])
+            add(self.quiet(max(inject + len(answer) + rng.randint(2, 8) - at, 0)))
             frames = torch.cat(parts, dim=1)
-            weight = torch.cat(weights)
-            frames[0, ret] = self.span.ret_id
-            weight[ret] = RET_WEIGHT
-            frames[0, inject:inject + len(ids)] = torch.tensor(ids)
-            weight[inject:inject + len(ids)] = 1.0
-            parts, weights = [frames], [weight]
+            frames[0, inject:inject + len(answer)] = torch.tensor(answer)
+            parts = [frames]
             rets.append(ret)
-            spans.append((inject, block))
-        frames, weight = torch.cat(parts, dim=1), torch.cat(weights)
-        sequence = self.layout(frames, weight, rets, spans)
+            spans.append(block)
+        frames = torch.cat(parts, dim=1)
+        a = self.span.agent_codebooks
+        conversation = Conversation(frames[0], frames[1:1 + a], frames[1 + a:], tuple(rets), tuple(spans), prefix)
+        sequence = self.layout(assemble(conversation, self.span, LossWeights(ret=RET_WEIGHT, pad=PAD_WEIGHT)),
+                               [(s.frame, len(s.text_ids) - 2) for s in spans])
         return sequence if window is None else sequence.last(window)
 
-    def layout(self, frames: torch.Tensor, weight: torch.Tensor, rets: list[int],
-               spans: list[tuple[int, torch.Tensor]]) -> Sequence:
-        """Frames through the delays as the engine lays them out, then each span block before its column."""
-        delays = torch.tensor(self.delays)
-        columns = delayed_columns(frames, self.delays, None)
-        columns = initial_columns(columns[None], 0, delays, self.initial[None, :, None])[0]
-        pieces, piece_weights, shift, cut = [], [], 0, 0
-        ret_columns, answers = [], []
-        for inject, block in spans:
-            pieces += [columns[:, cut:inject], block]
-            piece_weights += [weight[cut:inject], torch.zeros(block.shape[1])]
-            ret_columns += [r + shift for r in rets if cut <= r < inject]
-            shift += block.shape[1]
-            answers.append(tuple(range(inject + shift, inject + shift + block.shape[1] - 2)))
-            cut = inject
-        pieces.append(columns[:, cut:])
-        piece_weights.append(weight[cut:])
-        ret_columns += [r + shift for r in rets if r >= cut]
-        return Sequence(torch.cat(pieces, dim=1), torch.cat(piece_weights), tuple(sorted(ret_columns)),
-                        tuple(answers))
-
+    def layout(self, assembled: Assembled, answers: list[tuple[int, int]]) -> Sequence:
+        """The convention's columns; weights aligned with them (column j + 1 holds the text of frame j)."""
+        columns = assembled.columns(self.delays, self.initial)
+        weights = torch.cat([torch.zeros(1), assembled.text_weight])
+        live = assembled.live.tolist()
+        position = {frame: i + 1 for i, frame in enumerate(live) if frame >= 0}
+        rets = tuple(i + 1 for i, token in enumerate(assembled.frames[0].tolist())
+                     if token == self.span.ret_id and live[i] >= 0)
+        said = tuple(tuple(position[f] for f in range(frame, frame + n)) for frame, n in answers)
+        return Sequence(columns, weights, rets, said)
 
 
 def batch(sequences: list[Sequence], pad_column: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ long session, where the KV ring wraps, reads windows like the ones trained on.
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 import time
@@ -35,14 +36,14 @@ class TrainConfig:
     """Everything that shapes the trained weights besides the code: part of the cache key."""
 
     seed: int = 0
-    steps: int = 3000
+    steps: int = 1200
     batch_size: int = 16
     lr: float = 1e-3
     warmup_steps: int = 100
     weight_decay: float = 0.0
     context: int = 96
-    window: int = 112  # columns a training sequence keeps, at most
-    max_gap: int = 16  # frames between `<ret>` and the span, at most (1.3 s)
+    window: int = 128  # columns a training sequence keeps, at most
+    max_gap: int = 30  # frames between `<ret>` and the span, at most (2.4 s: the server's deadline is 2.5 s)
     max_turns: int = 1
     train_questions: int = 240
     train_chatter: int = 40
@@ -115,6 +116,13 @@ def batch_metrics(logits: torch.Tensor, columns: torch.Tensor, weights: torch.Te
     return Metrics(loss, float(ret_recall), float(false_ret), hits / max(total, 1))
 
 
+def learning_rate_factor(step: int, config: TrainConfig) -> float:
+    """Linear warm-up, then a cosine down to a tenth of the peak at the last step."""
+    warm = min(1.0, (step + 1) / config.warmup_steps)
+    progress = min(1.0, step / max(1, config.steps))
+    return warm * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
 @dataclass(frozen=True)
 class Trained:
     state: dict[str, torch.Tensor]
@@ -139,7 +147,7 @@ def train(model: LoadedModel, config: TrainConfig, progress: bool = True,
     params = prepare_for_training(lm, config.context)
     lm.train()
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / config.warmup_steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: learning_rate_factor(s, config))
     rng = random.Random(config.seed)
     running = Metrics()
     bar = tqdm(range(1, config.steps + 1), desc="train", disable=not progress, file=sys.stderr, mininterval=2.0)

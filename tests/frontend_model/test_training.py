@@ -1,5 +1,6 @@
-"""The training data is laid out as the server reads it; the same seed gives the same data; the cache key follows
-every input; a short training writes a checkpoint the normal path loads, once per key."""
+"""The training data follows the sequence convention with the server's own span blocks; the same seed gives the
+same data; the cache key follows every input; a short training writes a checkpoint the normal path loads, once
+per key."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from frontend_model.engine.columns import delayed_columns
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.loading.tiny_files import cached_tiny_checkpoint
 from frontend_model.span.build import build_span
@@ -79,29 +79,16 @@ def test_questions_put_ret_a_fixed_number_of_frames_after_their_speech(model: Lo
     assert question.codes.shape[1] > question.speech_frames, "the codec's decay stays with the utterance"
 
 
-def test_conversation_columns_are_the_frames_through_the_engines_delays(model: LoadedModel, corpus: Corpus) -> None:
-    """Without spans, the stream is `delayed_columns` of the frames with LMGen's initial tokens first."""
-    a = assembler(model)
-    frames = torch.cat([a.quiet(3), a.speech(corpus.chatter[0]), a.quiet(2)], dim=1)
-    sequence = a.layout(frames, torch.ones(frames.shape[1]), [], [])
-    expected = delayed_columns(frames, list(model.lm.delays), None)
-    assert torch.equal(sequence.columns[:, 2:], expected[:, 2:])
-    initial = model.lm._get_initial_token()[0, :, 0]
-    assert torch.equal(sequence.columns[:, 0], initial), "position 0 reads LMGen's initial tokens"
-    delayed = torch.tensor(model.lm.delays) > 0
-    assert torch.equal(sequence.columns[delayed, 1], initial[delayed])
-
-
 def test_a_persona_prefix_carries_no_loss_and_the_voice_prompt_is_on_the_agent_rows(
     model: LoadedModel, corpus: Corpus
 ) -> None:
     voice = VoicePrompt("agent", codes=torch.arange(24).reshape(8, 3) + 100)
     a = assembler(model, voice)
     prefixed = [a.conversation(random.Random(seed), corpus, "train", 8, 1) for seed in range(40)]
-    # Column c reads the agent's semantic code of frame c and its acoustic codes of frame c - 1.
+    # Column j + 1 reads the agent's semantic code of frame j and its acoustic codes of frame j - 1.
     with_voice = [s for s in prefixed
-                  if torch.equal(s.columns[1, 1:3], voice.codes[0, 1:3]) and torch.equal(s.columns[2:9, 2],
-                                                                                        voice.codes[1:, 1])]
+                  if torch.equal(s.columns[1, 1:3], voice.codes[0, 0:2]) and torch.equal(s.columns[2:9, 2],
+                                                                                        voice.codes[1:, 0])]
     assert with_voice, "some conversations start with the voice prompt"
     for sequence in with_voice:
         assert torch.all(sequence.weights[:3] == 0)
