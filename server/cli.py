@@ -48,7 +48,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
               "retrieval": "benchmarks.retrieval_latency", "batch": "benchmarks.batch_ticks", "soak": "benchmarks.soak",
-              "faults": "benchmarks.fault_isolation"}
+              "faults": "benchmarks.fault_isolation",
+              "behaviour": "benchmarks.behaviour"}
 
 
 def serve(settings: ServerSettings) -> int:
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     infer_parser.add_argument("--ret-frames", default="", help="comma-separated frames at which to act as <ret>")
     infer_parser.add_argument("--realtime", action="store_true", help="pace frames at 80 ms instead of flat out")
     add_settings_flags(infer_parser)
-    bench = commands.add_parser("bench", help="benchmarks: `load`, `span`, `retrieval`, `batch`, `soak`, `faults`")
+    bench = commands.add_parser("bench", help="benchmarks: `load`, `span`, `retrieval`, `batch`, `soak`, `faults`, "
+                           "`behaviour`")
     bench.add_argument("which", choices=list(BENCHMARKS))
     commands.add_parser("client", help="say an audio file to a server: write the agent's voice, print its events")
     commands.add_parser("train", help="train (or take from the cache) the tiny Context Spanning model: --out DIR")
