@@ -24,21 +24,20 @@ from pathlib import Path
 import torch
 from moshi.models import loaders
 
-from frontend_model.engine import columns
 from frontend_model.loading import tiny_files
 from frontend_model.loading.checkpoint.files import CONTEXT_SPANNING_WEIGHTS, OWN_CONFIG
 from frontend_model.loading.loader import load_model
 from frontend_model.loading.profiles import TINY_LM_CONFIG, TINY_MIMI_CONFIG
 from frontend_model.loading.tiny_files import MIMI_CONFIG_NAME, cached_tiny_checkpoint
 from frontend_model.loading.tiny_tokenizer import cache_root, tiny_tokenizer_path
-from frontend_model.span import build, config, normaliser
+from frontend_model.span import block, build, config, convention, normaliser
 from frontend_model.training import data, recipes, speech, trainer
 from frontend_model.training.trainer import TrainConfig, Trained, train
 
 VOICE_NAME = "agent"
 REPORT = "training.json"
 # Every module whose code shapes the training data or the weights.
-_SOURCES = (columns, build, config, normaliser, tiny_files, data, recipes, speech, trainer)
+_SOURCES = (convention, block, build, config, normaliser, tiny_files, data, recipes, speech, trainer)
 
 
 def cache_key(train_config: TrainConfig) -> str:
