@@ -38,7 +38,8 @@ from server.wire.protocol import SpanInject
 
 from .servers import RunningServer, start_server, stop_server
 
-pytestmark = pytest.mark.slow
+# The first test of a machine trains the model in its fixture (about 20 minutes on 2 busy cores), inside its timeout.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 # Spans are timed, not cut: a loaded host's Whisper must not decide an outcome (the bench reports the times). The KV
 # ring is the context (96 frames) plus 64 span frames: it wraps after 12.8 s.
