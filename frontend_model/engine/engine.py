@@ -336,7 +336,7 @@ class Engine:
         self._check_block(block)
         lo, hi = self._forced_rows()
         columns = block.tokens.to(self.model.device)[None].expand(hi - lo, -1, -1)
-        self._forward(embed_columns(self.model.lm, columns), one_pass)
+        out, logits = self._forward(embed_columns(self.model.lm, columns), one_pass)
         state = self._state()
         ring = state.cache[lo:hi]
         offsets = state.offsets[lo:hi]
@@ -346,6 +346,16 @@ class Engine:
         is_init = offsets[:, None, None] <= self._delays[None, :, None]
         ring.scatter_(2, at, torch.where(is_init, state.initial, pending))
         ring.copy_(torch.roll(ring, block.frames, dims=2))
+        # The frame after a span is predicted from the block's close position, as the convention trains it: its text
+        # token and agent semantic code are sampled again from there (the pending ones were sampled before the block).
+        self._on_text_logits(logits)
+        with self._sampler().installed(state.exec_mask, lo, hi):
+            text = self._sampler().sample(logits, Stream.TEXT)[:, 0, 0]
+            semantic = self.lm_gen.depformer_step(text, out)[:, 0]
+        after = ((offsets + block.frames) % ring.shape[2]).to(torch.long)
+        rows_ = torch.arange(hi - lo, device=ring.device)
+        ring[rows_, 0, after] = text.to(ring.dtype)
+        ring[rows_, 1, after] = semantic.to(ring.dtype)
         self._advance(lo, hi, block.frames)
 
     def _prefill(self, prefix: Prefix, one_pass: bool) -> None:

@@ -88,6 +88,12 @@ def encode_speech(mimi: MimiModel, pcms: list[np.ndarray]) -> list[tuple[torch.T
     return [(codes[i, :, LEAD_FRAMES:LEAD_FRAMES + frames + TAIL_FRAMES], frames) for i, frames in enumerate(speech)]
 
 
+def steady_silence(mimi: MimiModel) -> torch.Tensor:
+    """[codebooks]: the codes of a quiet microphone once the codec's causal state has settled."""
+    (codes, _), = encode_speech(mimi, [np.zeros(FRAME_SAMPLES, np.float32)])
+    return codes[:, -1]
+
+
 def speak_and_encode(mimi: MimiModel, lines: list[tuple[str, Voice, float]], batch_size: int = 16) -> list[Utterance]:
     """(text, voice, gain) -> utterances, spoken by espeak-ng and encoded `batch_size` at a time."""
     out = []
@@ -110,8 +116,8 @@ class Corpus:
 def synthesise_corpus(mimi: MimiModel, split: Split, questions: int, chatter: int, seed: int) -> Corpus:
     rng = random.Random(f"{split}-{seed}")
     exchanges = [draw_exchange(rng, split) for _ in range(questions)]
-    asked = speak_and_encode(mimi, [(e.question, draw_voice(rng, split), rng.uniform(0.5, 1.2)) for e in exchanges])
-    said = speak_and_encode(mimi, [(draw_chatter(rng, split), draw_voice(rng, split), rng.uniform(0.5, 1.2))
+    asked = speak_and_encode(mimi, [(e.question, draw_voice(rng, split), rng.uniform(0.3, 1.3)) for e in exchanges])
+    said = speak_and_encode(mimi, [(draw_chatter(rng, split), draw_voice(rng, split), rng.uniform(0.3, 1.3))
                                    for _ in range(chatter)])
     return Corpus(tuple(Question(u, e.kind) for u, e in zip(asked, exchanges, strict=True)), tuple(said))
 
@@ -120,8 +126,9 @@ class Assembler:
     """Conversations drawn at random, laid out by the sequence convention (`frontend_model.span.convention`)."""
 
     def __init__(self, tokenizer: sentencepiece.SentencePieceProcessor, span: SpanConfig, delays: list[int],
-                 initial: torch.Tensor, voice: VoicePrompt | None) -> None:
+                 initial: torch.Tensor, voice: VoicePrompt | None, user_silence: torch.Tensor) -> None:
         self.tokenizer = tokenizer
+        self.user_silence = user_silence.to(torch.long)
         self.span = span
         self.delays = delays
         self.initial = initial.tolist()  # LMGen's initial token of each row
@@ -130,9 +137,10 @@ class Assembler:
         self.silence = torch.tensor(span.silence_codes, dtype=torch.long)
 
     def quiet(self, frames: int) -> torch.Tensor:
-        """Live frames where nobody speaks: text pad, silence codes on both sides (the user's silence is the codec's
-        steady silence, which the silence codes are)."""
-        column = torch.cat([torch.tensor([self.span.text_pad_id]), self.silence, self.silence])
+        """Live frames where nobody speaks: text pad, the silence codes on the agent rows and, on the user rows, what
+        the codec makes of a quiet microphone (`steady_silence`: not the placeholder codes, which stand in for
+        silence inside spans only; a model trained on those would hear something else while it answers)."""
+        column = torch.cat([torch.tensor([self.span.text_pad_id]), self.silence, self.user_silence])
         return column[:, None].repeat(1, frames)
 
     def speech(self, utterance: Utterance) -> torch.Tensor:

@@ -24,7 +24,15 @@ from tqdm import tqdm
 
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.span.voice_prompt import VoicePrompt
-from frontend_model.training.data import Assembler, Corpus, Sequence, batch, speak_and_encode, synthesise_corpus
+from frontend_model.training.data import (
+    Assembler,
+    Corpus,
+    Sequence,
+    batch,
+    speak_and_encode,
+    steady_silence,
+    synthesise_corpus,
+)
 from frontend_model.training.recipes import AGENT_VOICE
 
 VOICE_FRAMES = 12  # the agent voice prompt: about a second of codes
@@ -36,7 +44,7 @@ class TrainConfig:
     """Everything that shapes the trained weights besides the code: part of the cache key."""
 
     seed: int = 0
-    steps: int = 1200
+    steps: int = 1000
     batch_size: int = 16
     lr: float = 1e-3
     warmup_steps: int = 100
@@ -142,7 +150,7 @@ def train(model: LoadedModel, config: TrainConfig, progress: bool = True,
     corpus: Corpus = synthesise_corpus(mimi, "train", config.train_questions, config.train_chatter, config.seed)
     initial = lm._get_initial_token()[0, :, 0].cpu()
     assembler = Assembler(model.tokenizer, model.span, list(lm.delays), initial,
-                          VoicePrompt("agent", codes=voice_codes))
+                          VoicePrompt("agent", codes=voice_codes), steady_silence(mimi))
     pad_column = assembler.quiet(1)[:, 0]
     params = prepare_for_training(lm, config.context)
     lm.train()

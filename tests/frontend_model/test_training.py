@@ -23,6 +23,7 @@ from frontend_model.training.data import (
     Assembler,
     Corpus,
     speak_and_encode,
+    steady_silence,
     synthesise_corpus,
 )
 from frontend_model.training.recipes import HELD_OUT_VOICES, TRAIN_VOICES, draw_exchange
@@ -43,7 +44,7 @@ def corpus(model: LoadedModel) -> Corpus:
 
 def assembler(model: LoadedModel, voice: VoicePrompt | None = None) -> Assembler:
     return Assembler(model.tokenizer, model.span, list(model.lm.delays), model.lm._get_initial_token()[0, :, 0],
-                     voice)
+                     voice, steady_silence(model.mimi))
 
 
 def test_a_training_turn_has_ret_after_the_question_then_the_span_block_verbatim_then_its_tokens(
