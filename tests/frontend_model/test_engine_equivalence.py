@@ -18,6 +18,7 @@ from frontend_model.engine import engine as engine_module
 from frontend_model.engine.columns import embed_columns, forward_last
 from frontend_model.engine.engine import GREEDY, Engine
 from frontend_model.loading.loader import LoadedModel
+from frontend_model.moshi_internals.row_sampling import Stream
 from frontend_model.span.block import Block, Prefix
 from frontend_model.span.build import build_prefix, silence_frames
 from frontend_model.span.voice_prompt import VoicePrompt
@@ -76,10 +77,18 @@ def read_pending_later(engine: Engine, frames: int) -> None:
 
 
 def columns_one_by_one(engine: Engine, block: Block) -> None:
-    """The trained layout, column by column: each block column verbatim (T=1), the pending column read after."""
+    """The trained layout, column by column: each block column verbatim (T=1), the pending column read after, its
+    text token and agent semantic code sampled from the close position (the last column's output)."""
     for i in range(block.frames):
-        engine.model.lm.forward_text(block.tokens[None, :, i : i + 1])
+        out, logits = engine.model.lm.forward_text(block.tokens[None, :, i : i + 1])
     read_pending_later(engine, block.frames)
+    state = engine.lm_gen._streaming_state
+    engine._on_text_logits(logits)
+    with engine._sampler().installed(state.exec_mask, 0, 1):
+        text = engine._sampler().sample(logits, Stream.TEXT)[:, 0, 0]
+        semantic = engine.lm_gen.depformer_step(text, out)[:, 0]
+    at = int(state.offsets[0]) % state.cache.shape[2]
+    state.cache[0, 0, at], state.cache[0, 1, at] = text[0], semantic[0]
 
 
 def one_pass(engine: Engine, block: object) -> None:
@@ -111,27 +120,33 @@ def test_ring_of_exactly_context_breaks_after_wrap(model: LoadedModel, monkeypat
 
 
 def test_the_first_frame_after_a_span(model: LoadedModel) -> None:
-    """Frame k, pending when the span came: its text and agent semantic sampled before the span, its acoustic
-    codes sampled after it (the depformer runs on the transformer's read of column k, after the block)."""
+    """Frame k, pending when the span came: its text and agent semantic are sampled again from the block's close
+    position, where the convention supervises them; its acoustic codes after the block (the depformer runs on the
+    transformer's read of column k, after the block)."""
     user = user_frames(30, seed=11)
     block = span_like_block(Engine(model, GREEDY), 16, seed=2)
     outputs = []
     pending = []
+    close_logits = None
     for inject in (False, True):
         with Engine(model, GREEDY, max_span_frames=MAX_SPAN) as engine:
             for i in range(12):
                 engine.step(user[i])
             state = engine.lm_gen._streaming_state
-            pending.append(state.cache[0, :2, int(state.offsets[0]) % state.cache.shape[2]].tolist())
             if inject:
                 engine.inject(block)
+                assert engine.last_text_logits is not None
+                close_logits = engine.last_text_logits.clone()
+            pending.append(state.cache[0, :2, int(state.offsets[0]) % state.cache.shape[2]].tolist())
             out = engine.step(user[12])
             ring = state.cache[0, :, int(state.offsets[0]) % state.cache.shape[2]]
             assert out.agent_codes[1:].tolist() == ring[2 : 1 + model.span.agent_codebooks].tolist()
             outputs.append((out.text_token, out.agent_codes.tolist()))
     (plain_text, plain_codes), (text, codes) = outputs
-    assert pending[0] == pending[1] == [text, codes[0]]
-    assert (text, codes[0]) == (plain_text, plain_codes[0]) and text != model.span.close_id
+    assert pending[0] == [plain_text, plain_codes[0]] and pending[1] == [text, codes[0]]
+    assert close_logits is not None
+    close_logits[..., sorted(model.suppressed_text_ids)] = float("-inf")
+    assert text == int(close_logits.argmax()), "the text token after a span is the close position's (greedy)"
     assert codes[1:] != plain_codes[1:], "the acoustic codes are sampled after the span"
 
 

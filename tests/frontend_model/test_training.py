@@ -7,9 +7,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from frontend_model.engine.codec import FrameCodec
+from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.loading.tiny_files import cached_tiny_checkpoint
 from frontend_model.span.build import build_span
@@ -148,3 +151,15 @@ def test_a_short_training_writes_a_context_spanning_checkpoint_loaded_once_per_k
 
     monkeypatch.setattr(training_checkpoint, "train_into", must_not_train)
     assert trained_checkpoint(config, tmp_path, progress=False) == directory
+
+
+def test_the_user_is_quiet_in_training_as_a_quiet_microphone_encodes_when_serving(model: LoadedModel) -> None:
+    """Codes the model never saw while answering (the span placeholders) would stop it copying the span."""
+    codec = FrameCodec(model.mimi)
+    codec.open()
+    try:
+        served = [codec.encode(np.zeros(FRAME_SAMPLES, np.float32)) for _ in range(8)][-1]
+    finally:
+        codec.close()
+    quiet_user = assembler(model).quiet(1)[1 + model.span.agent_codebooks:, 0]
+    assert torch.equal(quiet_user, served.cpu())
