@@ -37,6 +37,8 @@ from frontend_model.training.speech import Voice, speak
 LEAD_S = 0.5  # silence before the question
 ANSWER_S = 4.0  # stream time after the span is injected that the answer gets
 NO_RET_S = 5.0  # stream time after the question with no `<ret>`: the model did not ask
+# A second `<ret>` while the first is being answered is refused with this reason; the first one's span still comes.
+IN_FLIGHT = "a retrieval is already in flight"
 DEFAULT_OUT = Path("benchmarks/results/behaviour-tiny-contextspan-cpu.json")
 # Flags every behaviour server runs with: the sessions the run needs, spans as long as they come, a deadline no
 # host's Whisper reaches (the times are measured, not cut).
@@ -91,7 +93,7 @@ def answered(question_end_s: float) -> Callable[[StreamResult], bool]:
 
     def done(result: StreamResult) -> bool:
         now = stream_time(result)
-        if result.of_type("span.dropped"):
+        if any(e.reason != IN_FLIGHT for e in result.of_type("span.dropped")):
             return True
         spans = result.of_type("span.injected")
         if spans:
