@@ -1,4 +1,5 @@
-"""`contextspan serve`, `ask`, `infer` (flags mirror ServerSettings field by field), `client`, `health`, `bench ...`."""
+"""`contextspan serve`, `ask`, `infer` (flags mirror ServerSettings field by field), `client`, `health`, `train`,
+`bench ...`."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
               "retrieval": "benchmarks.retrieval_latency", "batch": "benchmarks.batch_ticks", "soak": "benchmarks.soak",
-              "faults": "benchmarks.fault_isolation", "qa": "benchmarks.qa", "levelling": "benchmarks.user_levelling"}
+              "faults": "benchmarks.fault_isolation", "qa": "benchmarks.qa", "levelling": "benchmarks.user_levelling",
+              "behaviour": "benchmarks.behaviour"}
 
 
 def serve(settings: ServerSettings) -> int:
@@ -88,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("which", choices=list(BENCHMARKS))
     commands.add_parser("client", help="say an audio file to a server: write the agent's voice, print its events")
     commands.add_parser("health", help="probe /healthz of the server running here, on the port it was told")
+    commands.add_parser("train", help="train (or take from the cache) the tiny Context Spanning model: --out DIR")
+    if argv[:1] == ["train"]:  # the trainer owns its flags
+        from frontend_model.training.command import train_main
+
+        return train_main(argv[1:])
     if argv[:1] == ["client"]:  # the client owns its flags, and needs no server settings
         from contextspan_client.cli import main as client_main
 

@@ -59,6 +59,9 @@ class ServerSettings(BaseSettings):
     span_cap: Literal["calibrated", "fixed"] = Field(
         "calibrated", description="calibrated: a span is cut to what its prefill fits in the frame budget by the "
         "startup measurement; fixed: spans up to max_span_frames whatever it says (tests, slow hosts)")
+    span_prefill: Literal["faster", "one-pass", "chunked"] = Field(
+        "faster", description="how spans are written: whichever the startup measurement found faster per length, one "
+        "forward pass, or power-of-two chunks on a scratch row (the same state either way)")
     max_connections_per_ip: int = Field(8, ge=1, description="open WebSockets per client address (HTTP 429 over)")
     max_message_bytes: int = Field(256 * 1024, ge=1024, description="larger WebSocket messages close with 1009")
     keepalive_s: float = Field(

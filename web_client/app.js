@@ -201,6 +201,7 @@ async function init() {
     const info = await (await fetch("/api/info")).json();
     $("model").textContent = info.loaded ? info.description : `model loading… ${info.load_error ?? ""}`;
     $("random-warning").hidden = !info.random_weights;
+    $("trained-hint").hidden = info.profile !== "tiny-contextspan-trained";
     for (const voice of info.voices) $("voice").append(new Option(voice, voice));
   } catch (err) {
     $("model").textContent = `server unreachable: ${err.message}`;

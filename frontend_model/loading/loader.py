@@ -30,6 +30,7 @@ from frontend_model.loading.profiles import (
     TINY_CHECKPOINT_PROFILES,
     TINY_LM_CONFIG,
     TINY_MIMI_CONFIG,
+    TRAINED_PROFILE,
     Layout,
     full_mimi_config,
     moshi_7b_lm_config,
@@ -111,6 +112,14 @@ def load_model(
         model.random_weights = True
         model.description = f"{profile}: random weights (seed {seed}) in the {model.layout} layout at {path}"
         model.suppressed_text_ids = frozenset({model.span.ret_id, model.span.open_id, model.span.close_id})
+        return model
+    if profile == TRAINED_PROFILE:
+        from frontend_model.training.checkpoint import trained_checkpoint  # it loads models through this module
+        from frontend_model.training.trainer import TrainConfig
+
+        path = trained_checkpoint(TrainConfig(seed=seed))
+        model = _load_checkpoint(profile, str(path), device, dtype, context)
+        model.description = f"{profile}: the tiny Context Spanning model trained here (seed {seed}) at {path}"
         return model
     if not checkpoint:
         raise ModelLoadError(

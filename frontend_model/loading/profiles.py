@@ -3,6 +3,8 @@
 - `tiny`, `moshi-7b`: random weights built in memory (seeded).
 - `tiny-personaplex`, `tiny-contextspan`: random tiny weights with 16 depformer codebooks, written once to a cache
   directory in the PersonaPlex / Context Spanning file layouts and loaded from there like a real checkpoint.
+- `tiny-contextspan-trained`: the tiny Context Spanning model trained on this machine (`contextspan train`, cached),
+  loaded from its directory like any Context Spanning checkpoint: on a CPU it asks for facts and says them.
 - `moshi`, `personaplex`, `contextspan`: a checkpoint given with --checkpoint; its layout is read from its files.
 """
 
@@ -13,7 +15,9 @@ from typing import Any, Literal
 
 from moshi.models import loaders
 
-PROFILES = ("tiny", "tiny-personaplex", "tiny-contextspan", "moshi-7b", "moshi", "personaplex", "contextspan")
+TRAINED_PROFILE = "tiny-contextspan-trained"
+PROFILES = ("tiny", "tiny-personaplex", "tiny-contextspan", TRAINED_PROFILE, "moshi-7b", "moshi", "personaplex",
+            "contextspan")
 RANDOM_PROFILES = ("tiny", "moshi-7b")
 # The file layouts checkpoints come in (frontend_model/loading/checkpoint/files.py tells them apart).
 Layout = Literal["kyutai", "personaplex", "contextspan"]
@@ -21,7 +25,7 @@ Layout = Literal["kyutai", "personaplex", "contextspan"]
 TINY_CHECKPOINT_PROFILES: dict[str, Layout] = {"tiny-personaplex": "personaplex", "tiny-contextspan": "contextspan"}
 # The layout each checkpoint profile expects (a mismatch is logged, not refused).
 PROFILE_LAYOUTS: dict[str, Layout] = {"moshi": "kyutai", "personaplex": "personaplex", "contextspan": "contextspan",
-                                      **TINY_CHECKPOINT_PROFILES}
+                                      TRAINED_PROFILE: "contextspan", **TINY_CHECKPOINT_PROFILES}
 
 MOSHI_DELAYS = [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
 

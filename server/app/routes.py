@@ -182,7 +182,7 @@ async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWor
     # A fixed cap is an unbounded budget: spans still go the way calibration measured faster, as the scheduler expects.
     batched = BatchedModel(model, admitted.slots, max_span_frames=settings.max_span_frames, cost=cost.prefill,
                            frame_budget_s=span_budget_s if settings.span_cap == "calibrated" else math.inf,
-                           prefill=SpanPrefill.FASTER)
+                           prefill=SpanPrefill(settings.span_prefill))
     if batched.span_frame_cap < MIN_SPAN_FRAMES:
         logger.warning(no_span_budget_warning(cost.prefill, span_budget_s))
     await worker.run(batched.start)

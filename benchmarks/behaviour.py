@@ -1,0 +1,240 @@
+"""`contextspan bench behaviour`: what the trained tiny Context Spanning model does on a real server, by behaviour.
+
+A server runs `--profile contextspan --checkpoint DIR` (the tiny model trained by `contextspan train`, from the
+cache), trigger `auto` (-> `ret`), the real Whisper and the built-in router, no forcing hook. Held-out spoken
+questions (sentences and a voice training never used) stream in over the real WebSocket + Opus path. Per question:
+did the model emit `<ret>` itself, which span went in, and how many of the span's words the agent's text then said
+in order; times from the end of the question to `<ret>`, to the span injected, to the first answer word (stream time,
+80 ms a frame). Also: `<ret>` per minute in silence and in chatter that asks nothing. Runs with one-pass and chunked
+span prefill, one session at a time and four at once (a batch of 4).
+
+What it proves: the mechanism, end to end, on a model that learnt the convention. What it does not: the speech
+quality of the real 7B model (the tiny model's voice is its untrained depformer's noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.harness import StreamResult, start_server, stop_server, stream
+from benchmarks.report import machine_info, save_json
+from contextspan_client import chat_url
+from frontend_model.frame import FRAME_S, SAMPLE_RATE
+from frontend_model.training.recipes import HELD_OUT_VOICES, draw_chatter, draw_exchange
+from frontend_model.training.speech import Voice, speak
+
+LEAD_S = 0.5  # silence before the question
+ANSWER_S = 4.0  # stream time after the span is injected that the answer gets
+NO_RET_S = 5.0  # stream time after the question with no `<ret>`: the model did not ask
+# A second `<ret>` while the first is being answered is refused with this reason; the first one's span still comes.
+IN_FLIGHT = "a retrieval is already in flight"
+DEFAULT_OUT = Path("benchmarks/results/behaviour-tiny-contextspan-cpu.json")
+# Flags every behaviour server runs with: the sessions the run needs, spans as long as they come, a deadline no
+# host's Whisper reaches (the times are measured, not cut).
+SERVER_FLAGS = ("--admission", "fixed", "--span-cap", "fixed", "--span-deadline-s", "20", "--question-wait-s", "3")
+
+
+def held_out_questions(count: int, seed: int = 7) -> list[str]:
+    """Distinct held-out questions (never trained on), in a fixed order."""
+    rng = random.Random(seed)
+    questions: list[str] = []
+    while len(questions) < count:
+        question = draw_exchange(rng, "held_out").question
+        if question not in questions:
+            questions.append(question)
+    return questions
+
+
+def held_out_voice(index: int = 0) -> Voice:
+    return Voice(HELD_OUT_VOICES[index % len(HELD_OUT_VOICES)], 160, 55)
+
+
+def question_audio(text: str, voice: Voice) -> tuple[np.ndarray, float]:
+    """Silence, the question, a little silence; and when the question's speech ends (seconds of stream time)."""
+    speech = speak(text, voice)
+    pcm = np.concatenate([np.zeros(int(LEAD_S * SAMPLE_RATE), np.float32), speech,
+                          np.zeros(int(0.5 * SAMPLE_RATE), np.float32)])
+    return pcm, LEAD_S + len(speech) / SAMPLE_RATE
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", text.lower().replace("-", " "))
+
+
+def in_order_recall(expected: Sequence[str], said: Sequence[str]) -> float:
+    """The share of `expected` words that `said` contains in the same order (longest common subsequence)."""
+    if not expected:
+        return 0.0
+    row = [0] * (len(said) + 1)
+    for word in expected:
+        previous = 0
+        for j, other in enumerate(said, start=1):
+            previous, row[j] = row[j], previous + 1 if word == other else max(row[j], row[j - 1])
+    return row[-1] / len(expected)
+
+
+def stream_time(result: StreamResult) -> float:
+    return max((e.t for e in result.events if hasattr(e, "t")), default=0.0)
+
+
+def answered(question_end_s: float) -> Callable[[StreamResult], bool]:
+    """Done once the span was dropped, or the answer had ANSWER_S of stream time, or no `<ret>` came."""
+
+    def done(result: StreamResult) -> bool:
+        now = stream_time(result)
+        if any(e.reason != IN_FLIGHT for e in result.of_type("span.dropped")):
+            return True
+        spans = result.of_type("span.injected")
+        if spans:
+            return now >= spans[0].t + ANSWER_S
+        return not result.of_type("retrieval") and now >= question_end_s + NO_RET_S
+
+    return done
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One spoken question and what the server and the model made of it."""
+
+    question: str
+    asked: bool  # the model emitted `<ret>`
+    heard: str | None  # the question the agent was asked (the transcript)
+    span: str | None
+    said: str  # the agent's text after the span
+    recall: float  # span words said in order, 0..1
+    ret_ms: float | None  # end of question -> `<ret>`
+    span_ms: float | None  # `<ret>` -> span injected
+    first_word_ms: float | None  # span injected -> the first answer word
+
+    @property
+    def answer(self) -> list[str]:
+        return words(self.said)
+
+
+def score(question: str, question_end_s: float, result: StreamResult) -> Turn:
+    rets = result.of_type("retrieval")
+    questions = result.of_type("question")
+    spans = result.of_type("span.injected")
+    if not spans:
+        return Turn(question, bool(rets), questions[0].text if questions else None, None, "", 0.0,
+                    _ms(rets[0].t - question_end_s) if rets else None, None, None)
+    span = spans[0]
+    after = [e for e in result.of_type("agent.text") if e.frame >= span.step]
+    said = "".join(e.text for e in after)
+    first = next((e for e in after if words(e.text)), None)
+    return Turn(question, bool(rets), questions[0].text if questions else None, span.text, said.strip(),
+                in_order_recall(words(span.text), words(said)), _ms(rets[0].t - question_end_s) if rets else None,
+                _ms(span.t - rets[0].t) if rets else None, _ms(first.t - span.t) if first else None)
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 1)
+
+
+async def ask(ws: str, questions: Sequence[str], voice: Voice, spans: Sequence[tuple[float, str]] = ()) -> list[Turn]:
+    """Each question in its own session, all at once (a batch of len(questions))."""
+    audio = [question_audio(q, voice) for q in questions]
+    results = await asyncio.gather(*[
+        stream(chat_url(ws, events=True), pcm, until=answered(end), until_timeout_s=40.0, texts=spans)
+        for pcm, end in audio])
+    return [score(q, end, r) for q, (_, end), r in zip(questions, audio, results, strict=True)]
+
+
+async def false_triggers(ws: str, silence_s: float, chatter: Sequence[str], voice: Voice) -> dict[str, Any]:
+    """`<ret>` in a stretch of silence, and in statements that ask nothing, each followed by 3 s of silence."""
+    quiet = await stream(chat_url(ws, events=True), np.zeros(int(silence_s * SAMPLE_RATE), np.float32))
+    gap = np.zeros(3 * SAMPLE_RATE, np.float32)
+    talk = np.concatenate([part for line in chatter for part in (speak(line, voice), gap)])
+    chat = await stream(chat_url(ws, events=True), talk)
+    talk_s = len(talk) / SAMPLE_RATE
+    return {"silence_s": silence_s, "silence_rets": len(quiet.of_type("retrieval")),
+            "chatter_s": round(talk_s, 1), "chatter_lines": len(chatter),
+            "chatter_rets": len(chat.of_type("retrieval")),
+            "chatter_rets_per_min": round(len(chat.of_type("retrieval")) * 60 / talk_s, 2)}
+
+
+def summary(turns: Sequence[Turn]) -> dict[str, Any]:
+    def median(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return round(statistics.median(present), 1) if present else None
+
+    injected = [t for t in turns if t.span]
+    return {
+        "questions": len(turns),
+        "ret_recall": round(sum(t.asked for t in turns) / len(turns), 3),
+        "spans_injected": len(injected),
+        "span_word_recall_in_order": round(sum(t.recall for t in injected) / len(injected), 3) if injected else 0.0,
+        "median_question_end_to_ret_ms": median([t.ret_ms for t in turns]),
+        "median_ret_to_span_ms": median([t.span_ms for t in turns]),
+        "median_span_to_first_word_ms": median([t.first_word_ms for t in turns]),
+    }
+
+
+def run_config(checkpoint: Path, prefill: str, batch: int, questions: list[str], voice: Voice,
+               silence_s: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        process, http = start_server(Path(tmp), "--profile", "contextspan", "--checkpoint", str(checkpoint),
+                                     "--max-sessions", str(max(batch, 1)), "--span-prefill", prefill, *SERVER_FLAGS)
+        ws = "ws" + http.removeprefix("http")
+        try:
+            turns: list[Turn] = []
+            for lo in range(0, len(questions), batch):
+                turns += asyncio.run(ask(ws, questions[lo:lo + batch], voice))
+            quiet = asyncio.run(false_triggers(ws, silence_s, [draw_chatter(random.Random(i), "held_out")
+                                                               for i in range(5)], voice)) if silence_s else {}
+        finally:
+            stop_server(process)
+    return {"prefill": prefill, "batch": batch, **summary(turns), **quiet, "turns": [asdict(t) for t in turns]}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| prefill | sessions | `<ret>` recall | span words in order | end of question -> `<ret>` ms | "
+             "`<ret>` -> span ms | span -> first word ms | `<ret>` in silence | `<ret>`/min in chatter |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['prefill']} | {r['batch']} | {r['ret_recall']:.0%} | {r['span_word_recall_in_order']:.0%} "
+                     f"| {r['median_question_end_to_ret_ms']} | {r['median_ret_to_span_ms']} | "
+                     f"{r['median_span_to_first_word_ms']} | {r.get('silence_rets', '-')} in "
+                     f"{r.get('silence_s', '-')} s | {r.get('chatter_rets_per_min', '-')} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from frontend_model.training.checkpoint import trained_checkpoint
+    from frontend_model.training.trainer import TrainConfig
+
+    parser = argparse.ArgumentParser(prog="contextspan bench behaviour", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=Path, default=None, help="default: the trained tiny model (cache)")
+    parser.add_argument("--questions", type=int, default=20)
+    parser.add_argument("--silence-s", type=float, default=60.0)
+    parser.add_argument("--prefill", nargs="+", default=["one-pass", "chunked"])
+    parser.add_argument("--batch", nargs="+", type=int, default=[1, 4])
+    parser.add_argument("--json", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    checkpoint = args.checkpoint or trained_checkpoint(TrainConfig())
+    questions = held_out_questions(args.questions)
+    started = time.monotonic()
+    rows = []
+    for prefill in args.prefill:
+        for batch in args.batch:
+            # Silence and chatter once per prefill, alone: they do not depend on the batch.
+            rows.append(run_config(checkpoint, prefill, batch, questions, held_out_voice(),
+                                   args.silence_s if batch == args.batch[0] else 0.0))
+            print(table(rows[-1:]).splitlines()[-1], flush=True)
+    print(table(rows))
+    save_json(args.json, {"machine": machine_info("cpu"), "checkpoint": str(checkpoint),
+                          "frame_s": FRAME_S, "seconds": round(time.monotonic() - started), "runs": rows})
+    return 0

@@ -1,0 +1,95 @@
+"""The trained model on disk in the Context Spanning file layout, and the per-machine cache of it.
+
+Layout: the tiny base files (random base LM, Mimi, tokenizer, configs, `contextspan.json`), `context_spanning_7b.pt`
+= `{"model": trained state}` over them, `voices/agent.pt` = `{"codes": agent voice codes}` and `training.json`
+(what made it: the cache key, the configuration, the last metrics, the time it took). `config.json` carries the
+attention context the model was trained with. Loaded by `--profile contextspan --checkpoint DIR` like any release.
+
+The cache directory holds one trained checkpoint per hash of its inputs: the code of the convention, the data and
+the trainer, the hyper-parameters and data recipe, the tiny profile and the seed. A file lock makes concurrent
+callers (pytest workers, a second `contextspan train`) wait for one training instead of running two.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from moshi.models import loaders
+
+from frontend_model.loading import tiny_files
+from frontend_model.loading.checkpoint.files import CONTEXT_SPANNING_WEIGHTS, OWN_CONFIG
+from frontend_model.loading.loader import load_model
+from frontend_model.loading.profiles import TINY_LM_CONFIG, TINY_MIMI_CONFIG
+from frontend_model.loading.tiny_files import MIMI_CONFIG_NAME, cached_tiny_checkpoint
+from frontend_model.loading.tiny_tokenizer import cache_root, tiny_tokenizer_path
+from frontend_model.span import block, build, config, convention, normaliser
+from frontend_model.training import data, recipes, speech, trainer
+from frontend_model.training.trainer import TrainConfig, Trained, train
+
+VOICE_NAME = "agent"
+REPORT = "training.json"
+# Every module whose code shapes the training data or the weights.
+_SOURCES = (convention, block, build, config, normaliser, tiny_files, data, recipes, speech, trainer)
+
+
+def cache_key(train_config: TrainConfig) -> str:
+    digest = hashlib.sha256()
+    for module in _SOURCES:
+        digest.update(Path(str(module.__file__)).read_bytes())
+    digest.update(Path(__file__).read_bytes())
+    inputs = [train_config.as_dict(), TINY_LM_CONFIG, TINY_MIMI_CONFIG, tiny_tokenizer_path().name]
+    digest.update(json.dumps(inputs, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def trained_checkpoint(train_config: TrainConfig, cache_dir: Path | None = None, progress: bool = True) -> Path:
+    """The cached trained checkpoint for `train_config`, trained here first if this machine has none."""
+    base = (cache_dir or cache_root()) / "trained"
+    key = cache_key(train_config)
+    target = base / f"contextspan-tiny-{key}"
+    if target.is_dir():
+        return target
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        if target.is_dir():  # another process trained it while this one waited
+            return target
+        tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".{target.name}-"))
+        try:
+            train_into(train_config, tmp, key, progress)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def train_into(train_config: TrainConfig, directory: Path, key: str, progress: bool = True) -> Path:
+    """Train from the random `tiny-contextspan` base of the same seed and write the result to `directory`."""
+    base = cached_tiny_checkpoint("contextspan", train_config.seed)
+    model = load_model("contextspan", str(base), device="cpu", dtype=torch.float32)
+    trained = train(model, train_config, progress)
+    return write_checkpoint(base, trained, train_config, directory, key)
+
+
+def write_checkpoint(base: Path, trained: Trained, train_config: TrainConfig, directory: Path, key: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in (loaders.MOSHI_NAME, loaders.MIMI_NAME, loaders.TEXT_TOKENIZER_NAME, MIMI_CONFIG_NAME, OWN_CONFIG):
+        shutil.copy(base / name, directory / name)
+    lm_config = json.loads((base / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**lm_config, "context": train_config.context}))
+    torch.save({"model": trained.state}, directory / CONTEXT_SPANNING_WEIGHTS)
+    (directory / "voices").mkdir(exist_ok=True)
+    torch.save({"codes": trained.voice_codes}, directory / "voices" / f"{VOICE_NAME}.pt")
+    report = {"cache_key": key, "config": train_config.as_dict(), "metrics": trained.metrics,
+              "seconds": round(trained.seconds, 1), "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+              "torch_threads": torch.get_num_threads()}
+    (directory / REPORT).write_text(json.dumps(report, indent=2))
+    return directory

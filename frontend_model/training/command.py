@@ -1,0 +1,30 @@
+"""`contextspan train --out DIR`: the trained tiny Context Spanning checkpoint, from the cache or trained here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from frontend_model.training.checkpoint import REPORT, trained_checkpoint
+from frontend_model.training.trainer import TrainConfig
+
+
+def train_main(argv: list[str]) -> int:
+    defaults = TrainConfig()
+    parser = argparse.ArgumentParser(prog="contextspan train", description=__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="directory to write the checkpoint to")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads while training")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="default: $XDG_CACHE_HOME/contextspan")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    config = TrainConfig(seed=args.seed, steps=args.steps, threads=args.threads)
+    cached = trained_checkpoint(config, args.cache_dir, progress=not args.no_progress)
+    shutil.copytree(cached, args.out, dirs_exist_ok=True)
+    report = json.loads((args.out / REPORT).read_text())
+    print(json.dumps({"checkpoint": str(args.out), "cached": str(cached), **report}, indent=2))
+    print(f"serve it: contextspan serve --profile contextspan --checkpoint {args.out}")
+    return 0

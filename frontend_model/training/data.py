@@ -1,0 +1,221 @@
+"""Synthetic spoken conversations, laid out by the sequence convention (`frontend_model.span.convention`, the one
+the engine is tested against) into the columns the temporal transformer reads when it serves: the persona prefix
+from the serving code's `build_prefix`, span blocks built from text as the server builds them, the MOVE rule.
+
+In a turn the user asks a question (espeak-ng speech encoded by the tiny Mimi), the agent's text row carries `<ret>`
+`RET_OFFSET` frames after the question's speech ends, a span with the answer arrives 1..`max_gap` frames later, and
+the agent's text row then says the span's tokens one a frame, from the column right after the block, while the
+user is quiet. Chatter (statements) and silence ask nothing. Prefix and span columns carry no loss; `<ret>` is
+weighted up and padding down, as the reference's fine-tuning weights them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import sentencepiece
+import torch
+from moshi.models.compression import MimiModel
+
+from frontend_model.frame import FRAME_SAMPLES
+from frontend_model.span.block import Prefix
+from frontend_model.span.build import build_prefix
+from frontend_model.span.config import SpanConfig
+from frontend_model.span.convention import Assembled, Conversation, LossWeights, SpanAt, assemble
+from frontend_model.span.text_ids import non_text_ids
+from frontend_model.span.voice_prompt import VoicePrompt
+from frontend_model.training.recipes import Split, draw_chatter, draw_exchange, draw_voice
+from frontend_model.training.speech import Voice, speak
+
+RET_OFFSET = 2  # frames between the end of a question's speech and `<ret>` on the agent's text row
+RET_WEIGHT = 5.0  # the reference's `w_ret`
+PAD_WEIGHT = 0.5  # the reference's `pad_w`
+MAX_SPAN_FRAMES = 48
+LEAD_FRAMES = 3  # silence before speech when encoding, so the codec's causal state has settled
+TAIL_FRAMES = 6  # silence after speech kept with the utterance: the codec's decay into steady silence
+PERSONAS = ("", "You are a helpful assistant.", "You are a friendly voice assistant. Answer briefly.",
+            "You answer questions about time, dates and numbers.")
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """A spoken sentence: user-side Mimi codes [user codebooks, frames], speech ending at `speech_frames`."""
+
+    text: str
+    voice: str
+    codes: torch.Tensor
+    speech_frames: int
+
+
+@dataclass(frozen=True)
+class Question:
+    utterance: Utterance
+    kind: str
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """Stream columns [rows, L] and the loss weight of each column's text token [L] (0: no loss): position p
+    predicts the text of column p + 1. `ret_columns` and `answer_columns` locate `<ret>` and the answers' tokens."""
+
+    columns: torch.Tensor
+    weights: torch.Tensor
+    ret_columns: tuple[int, ...]
+    answer_columns: tuple[tuple[int, ...], ...]
+
+    def last(self, columns: int) -> Sequence:
+        """The last `columns` columns; `<ret>` and answers that fall before them are dropped."""
+        cut = max(0, self.columns.shape[1] - columns)
+        answers = tuple(tuple(c - cut for c in a) for a in self.answer_columns if a and a[0] - 1 >= cut)
+        return Sequence(self.columns[:, cut:], self.weights[cut:], tuple(r - cut for r in self.ret_columns if r > cut),
+                        answers)
+
+
+@torch.no_grad()
+def encode_speech(mimi: MimiModel, pcms: list[np.ndarray]) -> list[tuple[torch.Tensor, int]]:
+    """PCM clips, encoded together -> per clip (codes [codebooks, frames] from the first speech frame to
+    `TAIL_FRAMES` after it, speech frames). Each clip starts after `LEAD_FRAMES` of silence; shorter clips are
+    padded with silence, which only follows their own frames (the codec is causal)."""
+    speech = [math.ceil(len(pcm) / FRAME_SAMPLES) for pcm in pcms]
+    total = (LEAD_FRAMES + max(speech) + TAIL_FRAMES) * FRAME_SAMPLES
+    signal = torch.zeros(len(pcms), 1, total)
+    for i, pcm in enumerate(pcms):
+        start = LEAD_FRAMES * FRAME_SAMPLES
+        signal[i, 0, start:start + len(pcm)] = torch.from_numpy(pcm.astype(np.float32))
+    codes = mimi.encode(signal.to(next(mimi.parameters()).device)).cpu()
+    return [(codes[i, :, LEAD_FRAMES:LEAD_FRAMES + frames + TAIL_FRAMES], frames) for i, frames in enumerate(speech)]
+
+
+def steady_silence(mimi: MimiModel) -> torch.Tensor:
+    """[codebooks]: the codes of a quiet microphone once the codec's causal state has settled."""
+    (codes, _), = encode_speech(mimi, [np.zeros(FRAME_SAMPLES, np.float32)])
+    return codes[:, -1]
+
+
+def speak_and_encode(mimi: MimiModel, lines: list[tuple[str, Voice, float]], batch_size: int = 16) -> list[Utterance]:
+    """(text, voice, gain) -> utterances, spoken by espeak-ng and encoded `batch_size` at a time."""
+    out = []
+    for lo in range(0, len(lines), batch_size):
+        chunk = lines[lo:lo + batch_size]
+        encoded = encode_speech(mimi, [speak(text, voice) * gain for text, voice, gain in chunk])
+        out += [Utterance(text, voice.label(), codes, frames)
+                for (text, voice, _), (codes, frames) in zip(chunk, encoded, strict=True)]
+    return out
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Every utterance a split speaks, encoded once."""
+
+    questions: tuple[Question, ...]
+    chatter: tuple[Utterance, ...]
+
+
+def synthesise_corpus(mimi: MimiModel, split: Split, questions: int, chatter: int, seed: int) -> Corpus:
+    rng = random.Random(f"{split}-{seed}")
+    exchanges = [draw_exchange(rng, split) for _ in range(questions)]
+    asked = speak_and_encode(mimi, [(e.question, draw_voice(rng, split), rng.uniform(0.3, 1.3)) for e in exchanges])
+    said = speak_and_encode(mimi, [(draw_chatter(rng, split), draw_voice(rng, split), rng.uniform(0.3, 1.3))
+                                   for _ in range(chatter)])
+    return Corpus(tuple(Question(u, e.kind) for u, e in zip(asked, exchanges, strict=True)), tuple(said))
+
+
+class Assembler:
+    """Conversations drawn at random, laid out by the sequence convention (`frontend_model.span.convention`)."""
+
+    def __init__(self, tokenizer: sentencepiece.SentencePieceProcessor, span: SpanConfig, delays: list[int],
+                 initial: torch.Tensor, voice: VoicePrompt | None, user_silence: torch.Tensor) -> None:
+        self.tokenizer = tokenizer
+        self.user_silence = user_silence.to(torch.long)
+        self.span = span
+        self.delays = delays
+        self.initial = initial.tolist()  # LMGen's initial token of each row
+        self.voice = voice
+        self.forbidden = non_text_ids(tokenizer, span)
+        self.silence = torch.tensor(span.silence_codes, dtype=torch.long)
+
+    def quiet(self, frames: int) -> torch.Tensor:
+        """Live frames where nobody speaks: text pad, the silence codes on the agent rows and, on the user rows, what
+        the codec makes of a quiet microphone (`steady_silence`: not the placeholder codes, which stand in for
+        silence inside spans only; a model trained on those would hear something else while it answers)."""
+        column = torch.cat([torch.tensor([self.span.text_pad_id]), self.silence, self.user_silence])
+        return column[:, None].repeat(1, frames)
+
+    def speech(self, utterance: Utterance) -> torch.Tensor:
+        frames = self.quiet(utterance.codes.shape[1])
+        frames[1 + self.span.agent_codebooks:] = utterance.codes
+        return frames
+
+    def prefix(self, rng: random.Random) -> Prefix | None:
+        persona = rng.choice(PERSONAS)
+        voice = self.voice if rng.random() < 0.3 else None
+        return build_prefix(persona, self.tokenizer, self.span, voice, self.delays, self.forbidden)
+
+    def conversation(self, rng: random.Random, corpus: Corpus, split: Split, max_gap: int, turns: int,
+                     window: int | None = None) -> Sequence:
+        """One or more turns after an optional persona prefix; a turn may be chatter or silence only. `window`
+        keeps the last columns only (training cost), as a long session's window reads them."""
+        prefix = self.prefix(rng) if rng.random() < 0.3 else None
+        parts: list[torch.Tensor] = []
+        rets: list[int] = []
+        spans: list[SpanAt] = []
+        at = 0
+
+        def add(frames: torch.Tensor) -> None:
+            nonlocal at
+            parts.append(frames)
+            at += frames.shape[1]
+
+        for _ in range(turns):
+            add(self.quiet(rng.randint(2, 12)))
+            if rng.random() < 0.2 and corpus.chatter:
+                add(self.speech(rng.choice(corpus.chatter)))
+                add(self.quiet(rng.randint(3, 8)))
+            if rng.random() < 0.15:  # asks nothing this turn
+                continue
+            utterance = rng.choice(corpus.questions).utterance
+            start = at
+            add(self.speech(utterance))
+            ret = start + utterance.speech_frames + RET_OFFSET
+            inject = ret + rng.randint(1, max_gap)
+            # The answer is drawn afresh for every conversation: the model must copy it, it cannot memorise it.
+            block = SpanAt.from_text(inject, draw_exchange(rng, split).answer, self.tokenizer, self.span,
+                                     MAX_SPAN_FRAMES)
+            answer = list(block.text_ids[1:-1])
+            add(self.quiet(max(inject + len(answer) + rng.randint(2, 8) - at, 0)))
+            frames = torch.cat(parts, dim=1)
+            frames[0, inject:inject + len(answer)] = torch.tensor(answer)
+            parts = [frames]
+            rets.append(ret)
+            spans.append(block)
+        frames = torch.cat(parts, dim=1)
+        a = self.span.agent_codebooks
+        conversation = Conversation(frames[0], frames[1:1 + a], frames[1 + a:], tuple(rets), tuple(spans), prefix)
+        sequence = self.layout(assemble(conversation, self.span, LossWeights(ret=RET_WEIGHT, pad=PAD_WEIGHT)),
+                               [(s.frame, len(s.text_ids) - 2) for s in spans])
+        return sequence if window is None else sequence.last(window)
+
+    def layout(self, assembled: Assembled, answers: list[tuple[int, int]]) -> Sequence:
+        """The convention's columns; weights aligned with them (column j + 1 holds the text of frame j)."""
+        columns = assembled.columns(self.delays, self.initial)
+        weights = torch.cat([torch.zeros(1), assembled.text_weight])
+        live = assembled.live.tolist()
+        position = {frame: i + 1 for i, frame in enumerate(live) if frame >= 0}
+        rets = tuple(i + 1 for i, token in enumerate(assembled.frames[0].tolist())
+                     if token == self.span.ret_id and live[i] >= 0)
+        said = tuple(tuple(position[f] for f in range(frame, frame + n)) for frame, n in answers)
+        return Sequence(columns, weights, rets, said)
+
+
+def batch(sequences: list[Sequence], pad_column: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, rows, L] columns padded with a quiet column (no loss) and [B, L] weights."""
+    length = max(s.columns.shape[1] for s in sequences)
+    columns = pad_column[None, :, None].repeat(len(sequences), 1, length)
+    weights = torch.zeros(len(sequences), length)
+    for i, s in enumerate(sequences):
+        columns[i, :, : s.columns.shape[1]] = s.columns
+        weights[i, : s.weights.shape[0]] = s.weights
+    return columns, weights

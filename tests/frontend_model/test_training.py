@@ -1,0 +1,165 @@
+"""The training data follows the sequence convention with the server's own span blocks; the same seed gives the
+same data; the cache key follows every input; a short training writes a checkpoint the normal path loads, once
+per key."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from frontend_model.engine.codec import FrameCodec
+from frontend_model.frame import FRAME_SAMPLES
+from frontend_model.loading.loader import LoadedModel, load_model
+from frontend_model.loading.tiny_files import cached_tiny_checkpoint
+from frontend_model.span.build import build_span
+from frontend_model.span.voice_prompt import VoicePrompt
+from frontend_model.training import checkpoint as training_checkpoint
+from frontend_model.training.checkpoint import REPORT, VOICE_NAME, cache_key, trained_checkpoint
+from frontend_model.training.data import (
+    PAD_WEIGHT,
+    RET_OFFSET,
+    RET_WEIGHT,
+    Assembler,
+    Corpus,
+    speak_and_encode,
+    steady_silence,
+    synthesise_corpus,
+)
+from frontend_model.training.recipes import HELD_OUT_VOICES, TRAIN_VOICES, draw_exchange
+from frontend_model.training.speech import Voice
+from frontend_model.training.trainer import TrainConfig
+
+
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    return load_model("contextspan", str(cached_tiny_checkpoint("contextspan", 0)), device="cpu",
+                      dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def corpus(model: LoadedModel) -> Corpus:
+    return synthesise_corpus(model.mimi, "train", questions=6, chatter=2, seed=0)
+
+
+def assembler(model: LoadedModel, voice: VoicePrompt | None = None) -> Assembler:
+    return Assembler(model.tokenizer, model.span, list(model.lm.delays), model.lm._get_initial_token()[0, :, 0],
+                     voice, steady_silence(model.mimi))
+
+
+def test_a_training_turn_has_ret_after_the_question_then_the_span_block_verbatim_then_its_tokens(
+    model: LoadedModel, corpus: Corpus
+) -> None:
+    span = model.span
+    for seed in range(20):
+        sequence = assembler(model).conversation(random.Random(seed), corpus, "train", max_gap=8, turns=1)
+        text, weights = sequence.columns[0], sequence.weights
+        for ret in sequence.ret_columns:
+            assert int(text[ret]) == span.ret_id and weights[ret] == RET_WEIGHT
+        for answer in sequence.answer_columns:
+            close = answer[0] - 1
+            assert int(text[close]) == span.close_id and weights[close] == 0
+            opened = int((text[:close] == span.open_id).nonzero()[-1])
+            block = sequence.columns[:, opened:close + 1]
+            ids = [int(i) for i in text[opened + 1:close]]
+            assert [int(i) for i in text[list(answer)]] == ids, "the agent says the span's tokens, in order"
+            assert torch.all(weights[list(answer)] == 1.0)
+            rebuilt = build_span(model.tokenizer.decode(ids), model.tokenizer, span, 64)
+            assert rebuilt.block is not None and torch.equal(block, rebuilt.block.tokens), "the serving block"
+            assert opened > sequence.ret_columns[0], "the span arrives after <ret>"
+        live = (weights > 0) & (text == span.text_pad_id)
+        assert torch.all(weights[live] == PAD_WEIGHT)
+
+
+def test_questions_put_ret_a_fixed_number_of_frames_after_their_speech(model: LoadedModel, corpus: Corpus) -> None:
+    """With no prefix and no chatter, <ret> sits RET_OFFSET frames after the question's speech ends."""
+    question = corpus.questions[0].utterance
+    quiet = assembler(model).quiet(4)
+    frames = torch.cat([quiet, assembler(model).speech(question), quiet], dim=1)
+    assert frames.shape[1] > 4 + question.speech_frames + RET_OFFSET
+    assert question.codes.shape[1] > question.speech_frames, "the codec's decay stays with the utterance"
+
+
+def test_a_persona_prefix_carries_no_loss_and_the_voice_prompt_is_on_the_agent_rows(
+    model: LoadedModel, corpus: Corpus
+) -> None:
+    voice = VoicePrompt("agent", codes=torch.arange(24).reshape(8, 3) + 100)
+    a = assembler(model, voice)
+    prefixed = [a.conversation(random.Random(seed), corpus, "train", 8, 1) for seed in range(40)]
+    # Column j + 1 reads the agent's semantic code of frame j and its acoustic codes of frame j - 1.
+    with_voice = [s for s in prefixed
+                  if torch.equal(s.columns[1, 1:3], voice.codes[0, 0:2]) and torch.equal(s.columns[2:9, 2],
+                                                                                        voice.codes[1:, 0])]
+    assert with_voice, "some conversations start with the voice prompt"
+    for sequence in with_voice:
+        assert torch.all(sequence.weights[:3] == 0)
+
+
+def test_the_same_seed_gives_the_same_data_and_another_seed_other_data(model: LoadedModel) -> None:
+    first = synthesise_corpus(model.mimi, "train", 3, 1, seed=5)
+    again = synthesise_corpus(model.mimi, "train", 3, 1, seed=5)
+    other = synthesise_corpus(model.mimi, "train", 3, 1, seed=6)
+    assert [q.utterance.text for q in first.questions] == [q.utterance.text for q in again.questions]
+    assert all(torch.equal(a.utterance.codes, b.utterance.codes)
+               for a, b in zip(first.questions, again.questions, strict=True))
+    assert [q.utterance.text for q in first.questions] != [q.utterance.text for q in other.questions]
+    a = assembler(model)
+    one = a.conversation(random.Random(1), first, "train", 8, 1)
+    two = a.conversation(random.Random(1), again, "train", 8, 1)
+    assert torch.equal(one.columns, two.columns) and torch.equal(one.weights, two.weights)
+
+
+def test_held_out_questions_and_voices_are_not_the_training_ones() -> None:
+    train = {draw_exchange(random.Random(i), "train").question for i in range(300)}
+    held = {draw_exchange(random.Random(i), "held_out").question for i in range(300)}
+    assert not train & held
+    assert not set(TRAIN_VOICES) & set(HELD_OUT_VOICES)
+
+
+def test_speech_from_two_voices_encodes_to_different_codes(model: LoadedModel) -> None:
+    one, two = speak_and_encode(model.mimi, [("what time is it in Paris", Voice("en-us"), 1.0),
+                                             ("what time is it in Paris", Voice("en-gb+f3", 170, 70), 1.0)])
+    assert one.speech_frames > 5 and two.speech_frames > 5
+    frames = min(one.codes.shape[1], two.codes.shape[1])
+    assert not torch.equal(one.codes[:, :frames], two.codes[:, :frames])
+
+
+def test_the_cache_key_follows_hyper_parameters_and_seed() -> None:
+    base = TrainConfig()
+    assert cache_key(base) == cache_key(TrainConfig())
+    assert len({cache_key(base), cache_key(TrainConfig(seed=1)), cache_key(TrainConfig(steps=base.steps + 1)),
+                cache_key(TrainConfig(lr=base.lr / 2)), cache_key(TrainConfig(context=base.context + 1))}) == 5
+
+
+def test_a_short_training_writes_a_context_spanning_checkpoint_loaded_once_per_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = TrainConfig(steps=2, batch_size=2, train_questions=2, train_chatter=1, context=40)
+    directory = trained_checkpoint(config, tmp_path, progress=False)
+    loaded = load_model("contextspan", str(directory), device="cpu")
+    assert loaded.layout == "contextspan" and not loaded.random_weights
+    assert loaded.lm.context == 40 and VOICE_NAME in loaded.voice_prompts
+    assert (directory / REPORT).exists()
+    agent = loaded.lm.n_q // 2
+    assert all(float(emb.weight.detach().abs().sum()) == 0 for emb in list(loaded.lm.emb)[:agent])
+
+    def must_not_train(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a cached checkpoint was trained again")
+
+    monkeypatch.setattr(training_checkpoint, "train_into", must_not_train)
+    assert trained_checkpoint(config, tmp_path, progress=False) == directory
+
+
+def test_the_user_is_quiet_in_training_as_a_quiet_microphone_encodes_when_serving(model: LoadedModel) -> None:
+    """Codes the model never saw while answering (the span placeholders) would stop it copying the span."""
+    codec = FrameCodec(model.mimi)
+    codec.open()
+    try:
+        served = [codec.encode(np.zeros(FRAME_SAMPLES, np.float32)) for _ in range(8)][-1]
+    finally:
+        codec.close()
+    quiet_user = assembler(model).quiet(1)[1 + model.span.agent_codebooks:, 0]
+    assert torch.equal(quiet_user, served.cpu())
