@@ -58,11 +58,6 @@ case "${1:-}" in
     serve)
         shift
         setup_python serve
-        # Without CUDA and without a --profile: the tiny Context Spanning model trained on this machine (the first
-        # start trains it, then it is cached), so a newcomer sees a retrieval happen.
-        if [[ " $* " != *" --profile"* ]] && ! .venv/bin/python -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
-            set -- --profile tiny-contextspan-trained "$@"
-        fi
         exec .venv/bin/contextspan serve "$@"
         ;;
     test)
