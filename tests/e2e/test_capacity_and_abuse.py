@@ -43,7 +43,7 @@ def test_capacity_refuses_at_once_and_others_keep_deadlines(server: RunningServe
     assert elapsed < 1.0, elapsed
     for result in results:
         assert_kept_pace(result, min_frames=50)
-    assert 'contextspan_sessions_total{outcome="refused_capacity"} 1.0' in server.ops.metrics()
+    assert 'contextspan_sessions_total{outcome="refused_capacity"} 1.0' in server.metrics()
 
 
 def test_stalled_reader_is_bounded_and_others_unaffected(server: RunningServer, speech: np.ndarray) -> None:
@@ -130,7 +130,7 @@ def test_health_ready_metrics(server: RunningServer) -> None:
     assert httpx.get(f"{server.http}/healthz").json() == {"status": "alive"}
     ready = httpx.get(f"{server.http}/readyz")
     assert ready.status_code == 200 and ready.json()["free_slots"] == 2 and ready.json()["random_weights"]
-    metrics = server.ops.metrics()
+    metrics = server.metrics()
     for name in ("contextspan_sessions_active", "contextspan_step_latency_seconds_bucket",
                  "contextspan_deadline_misses_total", "contextspan_span_injections_total",
                  "contextspan_frames_dropped_total", "contextspan_frame_latency_seconds_count"):

@@ -49,8 +49,9 @@ def test_serves_a_checkpoint_in_its_layout(tmp_path: Path, profile: Layout, voic
     # The handshake came after the voice, silence, `<system> Ada <system>` and silence frames were prefilled.
     model = load_model(profile, str(checkpoint), device="cpu")
     prompt = model.voice_prompts[voice]
-    # A codes voice is one frame a code column; an embeddings voice its replayed columns and the restored one.
-    voice_frames = prompt.codes.shape[1] if prompt.codes is not None else prompt.embeddings.shape[0] + 1
+    # A codes voice is the stream's initial column, then one frame a code column (as trained); an embeddings voice
+    # its replayed columns and the restored one.
+    voice_frames = prompt.codes.shape[1] + 1 if prompt.codes is not None else prompt.embeddings.shape[0] + 1
     silence = model.span.prefix_silence_frames
     persona_frames = len(model.tokenizer.encode("<system> Ada <system>"))
     assert ready[0].prefix_frames == voice_frames + 2 * silence + persona_frames, (ready[0], voice_frames)
