@@ -61,6 +61,13 @@ class ClientTools:
             raise ToolError("the client's tool answered with no text")
         return ToolResult(output, f"client:{name}")
 
+    def detach(self) -> None:
+        """At the session's end: calls still waiting fail, and the callbacks into the session are dropped (they
+        would keep it alive in a cycle only the collector frees)."""
+        for future in self._pending.values():
+            future.cancel()
+        self.emit, self.stream_time = _nothing, _never
+
     def answer(self, call_id: str, output: str) -> None:
         """The client's answer; raises ProtocolError for a call that has ended or was never made."""
         future = self._pending.get(call_id)
@@ -70,3 +77,11 @@ class ClientTools:
                                       "(or after the retrieval ended): dropped")
             raise p.ProtocolError("unknown_call", f"no tool call {call_id[:100]!r} was made in this session")
         future.set_result(output)
+
+
+def _nothing(_: p.ServerEvent) -> None:
+    """A detached session's events go nowhere."""
+
+
+def _never() -> float:
+    return 0.0

@@ -197,7 +197,10 @@ class Session:
         """Prefill, handshake, then stream until the client leaves; always ends with everything released."""
         attributes = {"session_id": self.id, "profile": self.model.profile, "user": self.user_id}
         with tracer.start_as_current_span("conversation", attributes=attributes):
-            await self._run()
+            try:
+                await self._run()
+            finally:
+                self.client_tools.detach()
 
     async def _run(self) -> None:
         preparing = _Preparing(time.perf_counter())

@@ -91,6 +91,7 @@ async def cycle(server: InProcessServer, pcm: np.ndarray, rng: random.Random) ->
     return seen
 
 
+@pytest.mark.timeout(1800)  # 500 cycles: a hang guard sized for a loaded 2-core host (about 8 min alone there)
 def test_connect_disconnect_cycles_do_not_grow_memory(tmp_path: Path, speech: np.ndarray) -> None:
     settings = pinned_settings(max_sessions=CLIENTS, recordings_dir=tmp_path / "recordings")
     rng = random.Random(7)

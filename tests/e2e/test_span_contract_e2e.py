@@ -60,7 +60,8 @@ def test_a_session_with_no_parameters_gets_the_trained_persona_and_a_voice(serve
     forbidden = non_text_ids(model.tokenizer, model.span)
     _, persona = tokenize_data_text(CONTEXT_SPANNING_PERSONA, model.tokenizer, forbidden)
     system = 2 * len(marker) + len(persona)
-    assert ready.prefix_frames == voice.frames + 1 + system + 1, "voice, one silence, the persona, one silence"
+    assert ready.prefix_frames == 1 + voice.frames + 1 + system + 1, (
+        "the initial column, the voice, one silence, the persona, one silence")
 
 
 def test_the_persona_names_the_user_the_context_store_knows(server: RunningServer) -> None:
