@@ -32,7 +32,6 @@ SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 RUNTIME_UID = "10001"
 QUESTION = "What is twelve times seven?"
 HEALTHY_WITHIN_S = 300
-WHEELS = ROOT / ".image-wheels"  # host-built wheels the image may reuse (llama-cpp-python compiles for minutes)
 
 
 class CheckFailed(RuntimeError):
@@ -126,16 +125,7 @@ def local_base(docker: str) -> str:
     return LOCAL_BASE
 
 
-def stage_wheels() -> None:
-    """Copy host-built wheels of slow-compiling packages into the build context (they are used only if they fit)."""
-    WHEELS.mkdir(exist_ok=True)
-    cache = Path.home() / ".cache" / "pip" / "wheels"
-    for wheel in cache.rglob("llama_cpp_python-*.whl") if cache.is_dir() else []:
-        shutil.copy2(wheel, WHEELS / wheel.name)
-
-
 def build(docker: str, base: str, ca: Path | None, target: str | None = None, tag: str = IMAGE) -> float:
-    stage_wheels()
     cmd = [docker, "build", "--network", "host", "-f", "docker/Dockerfile", "--build-arg", f"BASE_IMAGE={base}",
            "-t", tag]
     if target:
@@ -255,7 +245,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ca", type=Path, default=SYSTEM_CA if SYSTEM_CA.is_file() else None,
                         help="CA bundle given to the build as the `ca` secret (default: the system bundle)")
     parser.add_argument("--no-ca", action="store_true", help="build without a CA secret")
-    parser.add_argument("--compose", action="store_true", help="also check the compose file's cpu profile")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "image-check-cpu.json")
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -264,10 +253,6 @@ def main(argv: list[str] | None = None) -> int:
         ensure_daemon(docker)
         base = args.base or local_base(docker)
         result: dict[str, Any] = {"image": check_image(docker, base, None if args.no_ca else args.ca)}
-        if args.compose:
-            from scripts.image_compose import check_compose
-
-            result["compose"] = check_compose(docker, base, None if args.no_ca else args.ca)
     except (CheckFailed, subprocess.TimeoutExpired) as exc:
         print(f"image_check: FAILED: {exc}", file=sys.stderr)
         return 1

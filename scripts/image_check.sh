@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the server image and prove it serves: scripts/image_check.sh [--compose] [--base IMAGE] [--ca FILE]
+# Build the server image and prove it serves: scripts/image_check.sh [--base IMAGE] [--ca FILE | --no-ca]
 #
 # 1. A base image: --base IMAGE, else a local Debian base made once with debootstrap from this machine's Debian
 #    archive (for machines that reach no image registry), else the Dockerfile's default CUDA image.
@@ -8,8 +8,6 @@
 # 3. Runs it on the tiny profile (host network), waits for the HEALTHCHECK to say healthy, converses with it through
 #    the client library (handshake, audio back for the input, a span injected at a forced <ret>), checks that it
 #    runs as uid 10001 and that the recording landed in its volume, and that the CA is in no layer.
-# --compose: also brings up docker/docker-compose.yml's `cpu` profile and checks a span that came from the LLM
-#    container (scripts/image_check.py compose).
 # The result JSON goes to benchmarks/results/image-check-<machine>.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
