@@ -1,29 +1,26 @@
-"""Test speech: espeak-ng says it, sox makes it 24 kHz mono float."""
+"""Test speech: the product's synthesiser (espeak-ng, then sox to 24 kHz mono), also written to a WAV file."""
 
 from __future__ import annotations
 
-import subprocess
 import wave
 from pathlib import Path
 
 import numpy as np
 
-
-def speak(text: str, path: Path, rate: int = 24000, words_per_minute: int = 150) -> np.ndarray:
-    raw = path.with_suffix(".espeak.wav")
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", str(words_per_minute), "-w", str(raw), text], check=True)
-    subprocess.run(["sox", str(raw), "-r", str(rate), "-c", "1", "-b", "16", str(path)], check=True)
-    raw.unlink()
-    return read_wav(path)
+from frontend_model.frame import SAMPLE_RATE
+from frontend_model.training.speech import Voice, wav_pcm
+from frontend_model.training.speech import speak as synthesise
 
 
-def read_wav(path: Path) -> np.ndarray:
-    with wave.open(str(path), "rb") as w:
-        data = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
-        channels = w.getnchannels()
-    pcm = data.astype(np.float32) / 32768.0
-    return pcm.reshape(-1, channels)[:, 0] if channels > 1 else pcm
+def speak(text: str, path: Path, rate: int = SAMPLE_RATE, words_per_minute: int = 150) -> np.ndarray:
+    pcm = synthesise(text, Voice("en-us", words_per_minute), rate)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((pcm * 32768.0).round().astype("<i2").tobytes())
+    return wav_pcm(path.read_bytes())  # exactly what the file holds
 
 
-def silence(seconds: float, rate: int = 24000) -> np.ndarray:
+def silence(seconds: float, rate: int = SAMPLE_RATE) -> np.ndarray:
     return np.zeros(int(seconds * rate), dtype=np.float32)
