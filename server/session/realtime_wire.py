@@ -1,31 +1,33 @@
 """`/v1/realtime`: the OpenAI Realtime protocol over the same session as `/api/chat`.
 
 A full-duplex model listens and speaks at once and decides itself when to speak, so the request/response shape of
-the Realtime API maps onto it like this: the input buffer streams into the model as it arrives (80 ms frames; commit
-and clear are answered, and turn detection is the model's own); an agent turn runs from the first audible frame or
-text piece to `TURN_END_FRAMES` of silence and is one response (`response.created` ... `response.done`), its audio
-sent frame by frame at the frame clock; `response.create` makes nothing up: it is answered by the model's next
-turn, which carries its metadata; `response.cancel` ends the turn in progress as cancelled and mutes the rest of it.
+the Realtime API maps onto it like this. The input buffer streams into the model as it arrives (80 ms frames; commit
+and clear are answered, and turn detection is the model's own). The model's output never stops either: every frame
+goes out as one `response.output_audio.delta`, silence included, at the frame clock. So a response is always open,
+and a delta never comes outside one (LiveKit's plugin asserts that): the first opens with the session; when the
+agent is heard again (an audible frame or a text piece) after `TURN_END_FRAMES` of silence, the open response is done
+and the next one opens. One response is one agent turn and the silence after it. `response.create` makes nothing
+up: the next response carries its metadata. `response.cancel` ends the open response as cancelled, and nothing is
+sent until the agent's next turn. A client tool call is a `function_call` item of the open response.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
 import numpy as np
 from starlette.types import Message
 
-from frontend_model.frame import SAMPLE_RATE
 from server.session.wire import AudioIn, ClearInput, Inbound
 from server.wire import protocol as p
 from server.wire import realtime as rt
-from server.wire.outbound import OutboundQueue, Outgoing
+from server.wire.outbound import MessageKind, OutboundQueue, Outgoing
 
-# An agent frame quieter than this (about -50 dBFS RMS) is silence; this many silent frames in a row end a turn.
+# An agent frame quieter than this (about -50 dBFS RMS) is silence; after this many silent frames in a row, the
+# agent's next sound starts its next turn.
 SILENCE_RMS = 10 ** (-50 / 20)
 TURN_END_FRAMES = 10
-SPAN_EVENTS = ("retrieval", "question", "span.injected", "span.dropped", "session.ending")
 # What a full-duplex model does not take from `session.update`, and why: reported in `session.updated`.
 NOT_HONOURED = {
     "turn_detection": "the model hears and speaks at once and takes turns itself; there is no VAD to configure",
@@ -43,12 +45,25 @@ NOT_HONOURED = {
 
 
 @dataclass
-class _Turn:
-    response_id: str
-    item_id: str
-    metadata: Any = None
+class _Response:
+    """The open response: one agent turn and the silence after it."""
+
+    id: str
+    item_id: str  # its assistant message, output 0
+    metadata: dict[str, str] | None
     transcript: list[str] = field(default_factory=list)
-    silent: int = 0
+    calls: list[rt.FunctionCallItem] = field(default_factory=list)  # client tool calls, outputs 1, 2, ...
+    spoke: bool = False  # the agent has been heard in it
+
+
+@dataclass
+class _Config:
+    """What the session runs with, as `session.created` and `.updated` report it."""
+
+    instructions: str = ""
+    voice: str | None = None
+    tools: list[rt.FunctionTool] = field(default_factory=list)
+    temperature: float | None = None
 
 
 def is_silent(pcm: np.ndarray) -> bool:
@@ -56,7 +71,7 @@ def is_silent(pcm: np.ndarray) -> bool:
 
 
 class RealtimeWire:
-    """Translates between Realtime events and the session; holds the turn and item state the protocol needs."""
+    """Translates between Realtime events and the session; holds the response and item state the protocol needs."""
 
     reprefills = True
 
@@ -69,141 +84,158 @@ class RealtimeWire:
         self.voices = voices
         self.max_persona_chars = max_persona_chars
         self.session_id = rt.new_id("sess")
-        self._turn: _Turn | None = None
-        self._muted = 0  # > 0: a cancelled turn still going, silent frames counted to its end
-        self._requested: Any = None  # metadata of a response.create waiting for the model's next turn
+        self._audio_part: Literal["output_audio", "audio"] = "output_audio" if dialect == "ga" else "audio"
+        self._response: _Response | None = None  # None before the session is ready and after a cancel
+        self._quiet = 0  # silent agent frames in a row
+        self._requested: dict[str, str] | None = None  # metadata of a response.create, for the next response
         self._last_item: str | None = None
         self._user_item: str | None = None
         self._user_partial = ""
         self._failed: rt.RealtimeError | None = None
-        self._config: dict[str, Any] = {"instructions": "", "voice": None, "tools": [], "temperature": None}
+        self._config = _Config()
         self._unsupported: dict[str, str] = {}
 
     # out ----------------------------------------------------------------------------------------------------
-    def _send(self, type_: str, kind: str = "text", **fields: Any) -> bool:
-        text = rt.server_event(self.dialect, type_, **fields)
-        return True if text is None else self.outbound.put(Outgoing(kind, text))  # type: ignore[arg-type]
+    def _send(self, event: rt.ServerEvent, kind: MessageKind = "text") -> bool:
+        text = rt.encode_event(event, self.dialect)
+        return True if text is None else self.outbound.put(Outgoing(kind, text))
 
     def handshake(self) -> bytes | None:
         return None
 
     def audio(self, pcm: np.ndarray) -> bool:
-        silent = is_silent(pcm)
-        if self._muted:
-            self._muted = self._muted + 1 if silent else 1
-            if self._muted > TURN_END_FRAMES:
-                self._muted = 0
-            return True
-        if self._turn is None and silent:
-            return True
-        turn = self._turn or self._open_turn()
-        kept = self._send("response.output_audio.delta", "audio", response_id=turn.response_id,
-                          item_id=turn.item_id, output_index=0, content_index=0, delta=rt.encode_audio(pcm))
-        turn.silent = turn.silent + 1 if silent else 0
-        if turn.silent >= TURN_END_FRAMES:
-            self._close_turn("completed")
-        return kept
+        if is_silent(pcm):
+            self._quiet += 1
+        else:
+            self._heard()
+        response = self._response
+        if response is None:
+            return True  # the rest of a cancelled turn
+        return self._send(rt.ResponseOutputAudioDelta(response_id=response.id, item_id=response.item_id,
+                                                      delta=rt.encode_audio(pcm)), "audio")
 
     def agent_text(self, piece: str) -> None:
-        if self._muted:
-            self._muted = 1
+        self._heard()
+        response = self._response
+        if response is None:
             return
-        turn = self._turn or self._open_turn()
-        turn.silent = 0
-        turn.transcript.append(piece)
-        self._send("response.output_audio_transcript.delta", response_id=turn.response_id, item_id=turn.item_id,
-                   output_index=0, content_index=0, delta=piece)
+        response.transcript.append(piece)
+        self._send(rt.ResponseOutputAudioTranscriptDelta(response_id=response.id, item_id=response.item_id,
+                                                         delta=piece))
 
-    def _open_turn(self) -> _Turn:
-        turn = self._turn = _Turn(rt.new_id("resp"), rt.new_id("item"), self._requested)
+    def _heard(self) -> None:
+        """The agent makes itself heard: after `TURN_END_FRAMES` of silence, that is its next turn's start."""
+        response = self._response
+        if self._quiet >= TURN_END_FRAMES and (response is None or response.spoke):
+            self._close_response("completed")
+            response = self._open_response()
+        self._quiet = 0
+        if response is not None:
+            response.spoke = True
+
+    def _open_response(self) -> _Response:
+        response = self._response = _Response(rt.new_id("resp"), rt.new_id("item"), self._requested)
         self._requested = None
-        created = rt.response(turn.response_id, "in_progress", [])
-        if turn.metadata is not None:
-            created["metadata"] = turn.metadata
-        self._send("response.created", response=created)
-        item = rt.assistant_item(turn.item_id, "in_progress", None, self.dialect)
-        self._send("response.output_item.added", response_id=turn.response_id, output_index=0, item=item)
+        self._send(rt.ResponseCreated(response=rt.Response(id=response.id, status="in_progress",
+                                                           metadata=response.metadata)))
+        item = rt.MessageItem(id=response.item_id, role="assistant", status="in_progress", content=[])
+        self._send(rt.ResponseOutputItemAdded(response_id=response.id, output_index=0, item=item))
         self._add_item(item)
-        self._send("response.content_part.added", response_id=turn.response_id, item_id=turn.item_id,
-                   output_index=0, content_index=0, part={"type": "audio", "transcript": ""})
-        return turn
+        self._send(rt.ResponseContentPartAdded(response_id=response.id, item_id=response.item_id,
+                                               part=rt.AudioPart(transcript="")))
+        return response
 
-    def _close_turn(self, status: str, details: dict[str, Any] | None = None) -> None:
-        turn, self._turn = self._turn, None
-        if turn is None:
+    def _close_response(self, status: Literal["completed", "cancelled"],
+                        details: rt.CancelledDetails | None = None) -> None:
+        response, self._response = self._response, None
+        if response is None:
             return
-        ids = {"response_id": turn.response_id, "item_id": turn.item_id, "output_index": 0, "content_index": 0}
-        transcript = "".join(turn.transcript)
-        self._send("response.output_audio.done", **ids)
-        self._send("response.output_audio_transcript.done", **ids, transcript=transcript)
-        self._send("response.content_part.done", **ids, part={"type": "audio", "transcript": transcript})
-        item = rt.assistant_item(turn.item_id, "completed" if status == "completed" else "incomplete", transcript,
-                                 self.dialect)
-        self._send("response.output_item.done", response_id=turn.response_id, output_index=0, item=item)
-        self._send("conversation.item.done", item=item)
-        done = rt.response(turn.response_id, status, [item], details)
-        if turn.metadata is not None:
-            done["metadata"] = turn.metadata
-        self._send("response.done", response=done)
+        transcript = "".join(response.transcript)
+        self._send(rt.ResponseOutputAudioDone(response_id=response.id, item_id=response.item_id))
+        self._send(rt.ResponseOutputAudioTranscriptDone(response_id=response.id, item_id=response.item_id,
+                                                        transcript=transcript))
+        self._send(rt.ResponseContentPartDone(response_id=response.id, item_id=response.item_id,
+                                              part=rt.AudioPart(transcript=transcript)))
+        item = rt.MessageItem(id=response.item_id, role="assistant",
+                              status="completed" if status == "completed" else "incomplete",
+                              content=[rt.AudioPart(type=self._audio_part, transcript=transcript)])
+        self._send(rt.ResponseOutputItemDone(response_id=response.id, output_index=0, item=item))
+        self._send(rt.ConversationItemDone(item=item))
+        self._send(rt.ResponseDone(response=rt.Response(id=response.id, status=status, status_details=details,
+                                                        output=[item, *response.calls], metadata=response.metadata)))
 
-    def _add_item(self, item: dict[str, Any]) -> None:
-        self._send("conversation.item.added", previous_item_id=self._last_item, item=item)
-        self._last_item = item["id"]
+    def _add_item(self, item: rt.ConversationItem) -> None:
+        self._send(rt.ConversationItemAdded(previous_item_id=self._last_item, item=item))
+        self._last_item = item.id
 
     def _tool_call(self, call: p.ToolCall) -> None:
-        """A client tool call as its own response holding one function_call item, as the SDKs expect it."""
-        response_id, item_id = rt.new_id("resp"), rt.new_id("item")
-        ids = {"response_id": response_id, "item_id": item_id, "output_index": 0, "call_id": call.call_id}
-        self._send("response.created", response=rt.response(response_id, "in_progress", []))
-        item = rt.function_call_item(item_id, call.call_id, call.name, "", "in_progress")
-        self._send("response.output_item.added", response_id=response_id, output_index=0, item=item)
+        """A client tool call: a `function_call` item of the open response, or after a cancel (the rest of that
+        turn stays unsent) of a response of its own."""
+        response = self._response
+        if response is None:
+            response_id, output_index = rt.new_id("resp"), 0
+            self._send(rt.ResponseCreated(response=rt.Response(id=response_id, status="in_progress")))
+        else:
+            response_id, output_index = response.id, 1 + len(response.calls)
+        item = rt.FunctionCallItem(id=rt.new_id("item"), status="in_progress", call_id=call.call_id, name=call.name,
+                                   arguments="")
+        self._send(rt.ResponseOutputItemAdded(response_id=response_id, output_index=output_index, item=item))
         self._add_item(item)
-        self._send("response.function_call_arguments.delta", **ids, delta=call.arguments)
-        self._send("response.function_call_arguments.done", **ids, name=call.name, arguments=call.arguments)
-        item = rt.function_call_item(item_id, call.call_id, call.name, call.arguments, "completed")
-        self._send("response.output_item.done", response_id=response_id, output_index=0, item=item)
-        self._send("conversation.item.done", item=item)
-        self._send("response.done", response=rt.response(response_id, "completed", [item]))
+        self._send(rt.ResponseFunctionCallArgumentsDelta(response_id=response_id, item_id=item.id,
+                                                         output_index=output_index, call_id=call.call_id,
+                                                         delta=call.arguments))
+        self._send(rt.ResponseFunctionCallArgumentsDone(response_id=response_id, item_id=item.id,
+                                                        output_index=output_index, call_id=call.call_id,
+                                                        name=call.name, arguments=call.arguments))
+        item = item.model_copy(update={"status": "completed", "arguments": call.arguments})
+        self._send(rt.ResponseOutputItemDone(response_id=response_id, output_index=output_index, item=item))
+        self._send(rt.ConversationItemDone(item=item))
+        if response is None:
+            self._send(rt.ResponseDone(response=rt.Response(id=response_id, status="completed", output=[item])))
+        else:
+            response.calls.append(item)
 
-    def _transcript(self, event: p.UserTranscript) -> None:
+    def _user_utterance(self) -> str:
+        """The user item that the utterance being transcribed becomes, added when it starts."""
         if self._user_item is None:
             self._user_item = rt.new_id("item")
-            self._add_item(rt.user_item(self._user_item, None))
-        item_id = self._user_item
+            self._add_item(rt.MessageItem(id=self._user_item, role="user", status="completed",
+                                          content=[rt.InputAudioPart()]))
+        return self._user_item
+
+    def _transcript(self, event: p.UserTranscript) -> None:
+        item_id = self._user_utterance()
         if event.final:
-            self._send("conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=0,
-                       transcript=event.text)
+            seconds = event.end - event.start if event.start is not None and event.end is not None else 0.0
+            self._send(rt.InputAudioTranscriptionCompleted(item_id=item_id, transcript=event.text,
+                                                           usage=rt.TranscriptionUsage(seconds=round(seconds, 3))))
             self._user_item, self._user_partial = None, ""
             return
         # Whisper's partials are re-transcriptions: the delta is what this one adds, or all of it when it changed.
         delta = event.text[len(self._user_partial):] if event.text.startswith(self._user_partial) else event.text
         self._user_partial = event.text
         if delta:
-            self._send("conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=0,
-                       delta=delta)
+            self._send(rt.InputAudioTranscriptionDelta(item_id=item_id, delta=delta))
 
-    def _session_object(self) -> dict[str, Any]:
+    def _session_object(self) -> rt.Session | rt.BetaSession:
         config = self._config
-        return {
-            "object": "realtime.session", "type": "realtime", "id": self.session_id, "model": self.model,
-            "instructions": config["instructions"], "output_modalities": ["audio"],
-            "audio": {"input": {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE}, "turn_detection": None,
-                                "transcription": {"model": "faster-whisper"}},
-                      "output": {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE}, "voice": config["voice"]}},
-            "tools": config["tools"], "tool_choice": "auto", "temperature": config["temperature"],
-            "max_output_tokens": "inf",
-        }
+        if self.dialect == "beta":
+            return rt.BetaSession(id=self.session_id, instructions=config.instructions, voice=config.voice,
+                                  tools=config.tools, temperature=config.temperature)
+        return rt.Session(id=self.session_id, model=self.model, instructions=config.instructions,
+                          audio=rt.SessionAudio(output=rt.SessionAudioOutput(voice=config.voice)),
+                          tools=config.tools, temperature=config.temperature)
 
     def event(self, event: p.ServerEvent) -> None:
         if isinstance(event, p.SessionReady):
-            self._send("session.created", session=self._session_object())
-            self._send("rate_limits.updated", rate_limits=[])
+            self._config.instructions, self._config.voice = event.persona, event.voice
+            self._send(rt.SessionCreated(session=self._session_object()))
+            self._send(rt.RateLimitsUpdated())
+            self._open_response()
         elif isinstance(event, p.SessionUpdated):
-            extension: dict[str, Any] = {"unsupported": self._unsupported}
-            if event.prefix_frames is not None:
-                extension |= {"prefix_frames": event.prefix_frames, "prefill_ms": event.prefill_ms,
-                              "context_restarted": True}
-            self._send("session.updated", session=self._session_object(), contextspan=extension)
+            extension = rt.SessionExtension(unsupported=self._unsupported, prefix_frames=event.prefix_frames,
+                                            prefill_ms=event.prefill_ms)
+            self._send(rt.SessionUpdated(session=self._session_object(), contextspan=extension))
             self._unsupported = {}
         elif isinstance(event, p.UserTranscript):
             self._transcript(event)
@@ -213,9 +245,9 @@ class RealtimeWire:
             failed, self._failed = self._failed, None
             if failed is None or failed.code != event.code:
                 failed = rt.RealtimeError(event.code, event.message)
-            self._send("error", **rt.error_fields(failed))
-        elif event.type in SPAN_EVENTS:  # type: ignore[attr-defined]
-            self._send(f"contextspan.{event.type}", **event.model_dump(exclude_none=True, exclude={"type"}))  # type: ignore[attr-defined]
+            self._send(rt.ErrorEvent.of(failed))
+        elif isinstance(event, rt.SpanEvent):
+            self._send(rt.Extension.of(event))
 
     # in -----------------------------------------------------------------------------------------------------
     def inbound(self, message: Message) -> list[Inbound]:
@@ -241,35 +273,31 @@ class RealtimeWire:
         if isinstance(event, rt.SessionUpdateEvent):
             return [self._session_update(event)]
         if isinstance(event, rt.CommitEvent):
-            if self._user_item is None:
-                self._user_item = rt.new_id("item")
-                self._add_item(rt.user_item(self._user_item, None))
-            self._send("input_audio_buffer.committed", previous_item_id=None, item_id=self._user_item)
+            self._send(rt.InputAudioBufferCommitted(item_id=self._user_utterance()))
             return []
         if isinstance(event, rt.ClearEvent):
-            self._send("input_audio_buffer.cleared")
+            self._send(rt.InputAudioBufferCleared())
             return [ClearInput()]
         if isinstance(event, rt.ItemCreateEvent):
             return self._item_create(event)
         if isinstance(event, rt.ItemTruncateEvent):
-            self._send("conversation.item.truncated", item_id=event.item_id, content_index=event.content_index,
-                       audio_end_ms=event.audio_end_ms)
+            self._send(rt.ConversationItemTruncated(item_id=event.item_id, content_index=event.content_index,
+                                                    audio_end_ms=event.audio_end_ms))
             return []
         if isinstance(event, rt.ItemDeleteEvent):
-            self._send("conversation.item.deleted", item_id=event.item_id)
+            self._send(rt.ConversationItemDeleted(item_id=event.item_id))
             return []
         if isinstance(event, rt.ResponseCreateEvent):
-            self._requested = (event.response or {}).get("metadata") or {}
+            self._requested = event.response.metadata if event.response is not None else None
             return []
         return self._cancel(event)
 
     def _cancel(self, event: rt.ResponseCancelEvent) -> list[Inbound]:
-        turn = self._turn
-        if turn is None or (event.response_id is not None and event.response_id != turn.response_id):
-            raise rt.RealtimeError("no_active_response", "no agent turn is in progress to cancel", event.event_id,
+        response = self._response
+        if response is None or (event.response_id is not None and event.response_id != response.id):
+            raise rt.RealtimeError("response_cancel_not_active", "no response is open to cancel", event.event_id,
                                    "response_id")
-        self._close_turn("cancelled", {"type": "cancelled", "reason": "client_cancelled"})
-        self._muted = 1
+        self._close_response("cancelled", rt.CancelledDetails())
         return []
 
     def _item_create(self, event: rt.ItemCreateEvent) -> list[Inbound]:
@@ -281,18 +309,18 @@ class RealtimeWire:
                                        event.event_id, "item")
             inbound: Inbound = p.ToolResult(type="tool.result", call_id=item.call_id,
                                             output=item.output[:p.MAX_TOOL_OUTPUT_CHARS])
-            added = {"id": item_id, "object": "realtime.item", "type": "function_call_output",
-                     "call_id": item.call_id, "output": item.output}
+            added: rt.ConversationItem = rt.FunctionCallOutputItem(id=item_id, call_id=item.call_id,
+                                                                  output=item.output)
         elif item.type == "message" and item.role in ("user", "system"):
             text = rt.item_text(item)
             inbound = p.SpanInject(type="span.inject", text=text, source="conversation.item")
-            added = {"id": item_id, "object": "realtime.item", "type": "message", "role": item.role,
-                     "status": "completed", "content": [{"type": "input_text", "text": text}]}
+            added = rt.MessageItem(id=item_id, role=item.role, status="completed",
+                                   content=[rt.InputTextPart(text=text)])
         else:
             raise rt.RealtimeError("unsupported_item", "only user or system text messages (they become spans) and "
                                    "function_call_output items can be created", event.event_id, "item")
         self._add_item(added)
-        self._send("conversation.item.done", item=added)
+        self._send(rt.ConversationItemDone(item=added))
         return [inbound]
 
     def _session_update(self, event: rt.SessionUpdateEvent) -> p.SessionUpdate:
@@ -328,15 +356,15 @@ class RealtimeWire:
         sampling = None
         if session.temperature is not None:
             sampling = p.SamplingUpdate(text_temperature=session.temperature, audio_temperature=session.temperature)
-            self._config["temperature"] = session.temperature
+            self._config.temperature = session.temperature
         tools = None
         if session.tools is not None:
             tools = [p.ClientTool(name=t.name, description=t.description, parameters=t.parameters)
                      for t in session.tools]
-            self._config["tools"] = [t.model_dump() for t in session.tools]
+            self._config.tools = session.tools
         if session.instructions is not None:
-            self._config["instructions"] = session.instructions
+            self._config.instructions = session.instructions
         if voice is not None:
-            self._config["voice"] = voice
+            self._config.voice = voice
         return p.SessionUpdate(type="session.update", persona=session.instructions, voice=voice, tools=tools,
                                sampling=sampling)

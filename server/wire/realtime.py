@@ -16,10 +16,27 @@ import secrets
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+)
 
 from frontend_model.frame import SAMPLE_RATE
-from server.wire.protocol import MAX_APP_SPAN_CHARS, MAX_TEMPERATURE, ProtocolError
+from server.wire.protocol import (
+    MAX_APP_SPAN_CHARS,
+    MAX_TEMPERATURE,
+    ProtocolError,
+    Question,
+    Retrieval,
+    SessionEnding,
+    SpanDropped,
+    SpanInjected,
+)
 
 Dialect = Literal["ga", "beta"]
 # Server events whose beta name differs; the others are spelled the same in both versions.
@@ -194,10 +211,14 @@ class ItemDeleteEvent(_Open):
     item_id: str
 
 
+class ResponseRequest(_Open):
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+
+
 class ResponseCreateEvent(_Open):
     type: Literal["response.create"]
     event_id: str | None = None
-    response: dict[str, Any] | None = None
+    response: ResponseRequest | None = None
 
 
 class ResponseCancelEvent(_Open):
@@ -263,42 +284,347 @@ def input_format_problem(session: RealtimeSession) -> str | None:
 
 
 # server -> client -------------------------------------------------------------------------------------------
+# Every event the server sends is one of these models, under its GA name; `encode_event` names it for the dialect.
+# Their shapes are OpenAI's (tests/e2e/test_realtime_sdk.py parses what a real session sends with the `openai` SDK's
+# own server-event types); fields are sent even when null, as OpenAI's server sends them.
 
 
-def server_event(dialect: Dialect, type_: str, **fields: Any) -> str | None:
-    """One server event as JSON text under the dialect's name (None: the event does not exist in that dialect)."""
+class ServerEvent(BaseModel):
+    """Base of every server event: its GA `type` and a fresh `event_id`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str
+    event_id: str = Field(default_factory=lambda: new_id("event"))
+
+
+class PcmFormat(BaseModel):
+    type: Literal["audio/pcm"] = "audio/pcm"
+    rate: int = SAMPLE_RATE
+
+
+class Transcription(BaseModel):
+    model: Literal["faster-whisper"] = "faster-whisper"  # the server's ASR transcribes user speech, always
+
+
+class SessionAudioInput(BaseModel):
+    format: PcmFormat = Field(default_factory=PcmFormat)
+    turn_detection: None = None  # the model takes turns itself
+    transcription: Transcription = Field(default_factory=Transcription)
+
+
+class SessionAudioOutput(BaseModel):
+    format: PcmFormat = Field(default_factory=PcmFormat)
+    voice: str | None
+
+
+class SessionAudio(BaseModel):
+    input: SessionAudioInput = Field(default_factory=SessionAudioInput)
+    output: SessionAudioOutput
+
+
+class Session(BaseModel):
+    """The session in effect, as `session.created` / `.updated` report it to GA clients."""
+
+    object: Literal["realtime.session"] = "realtime.session"
+    type: Literal["realtime"] = "realtime"
+    id: str
+    model: str
+    instructions: str
+    output_modalities: list[Literal["audio"]] = ["audio"]
+    audio: SessionAudio
+    tools: list[FunctionTool]
+    tool_choice: Literal["auto"] = "auto"
+    temperature: float | None
+    max_output_tokens: Literal["inf"] = "inf"
+
+
+class BetaSession(BaseModel):
+    """The same in the beta shape; its `model` may only name OpenAI's models, so it is left out."""
+
+    object: Literal["realtime.session"] = "realtime.session"
+    id: str
+    instructions: str
+    modalities: list[Literal["audio", "text"]] = ["audio", "text"]
+    voice: str | None
+    input_audio_format: Literal["pcm16"] = "pcm16"
+    output_audio_format: Literal["pcm16"] = "pcm16"
+    input_audio_transcription: Transcription = Field(default_factory=Transcription)
+    turn_detection: None = None
+    tools: list[FunctionTool]
+    tool_choice: Literal["auto"] = "auto"
+    temperature: float | None
+    max_response_output_tokens: Literal["inf"] = "inf"
+
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class AudioPart(BaseModel):
+    """Agent audio and its transcript: `output_audio` in a GA item, `audio` in a beta item and in content parts."""
+
+    type: Literal["output_audio", "audio"] = "audio"
+    transcript: str
+
+
+class InputAudioPart(BaseModel):
+    type: Literal["input_audio"] = "input_audio"
+    transcript: str | None = None  # the transcript comes in its own events
+
+
+class InputTextPart(BaseModel):
+    type: Literal["input_text"] = "input_text"
+    text: str
+
+
+class MessageItem(BaseModel):
+    id: str
+    object: Literal["realtime.item"] = "realtime.item"
+    type: Literal["message"] = "message"
+    role: Literal["assistant", "user", "system"]
+    status: ItemStatus
+    content: list[Annotated[AudioPart | InputAudioPart | InputTextPart, Field(discriminator="type")]]
+
+
+class FunctionCallItem(BaseModel):
+    id: str
+    object: Literal["realtime.item"] = "realtime.item"
+    type: Literal["function_call"] = "function_call"
+    status: ItemStatus
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutputItem(BaseModel):
+    id: str
+    object: Literal["realtime.item"] = "realtime.item"
+    type: Literal["function_call_output"] = "function_call_output"
+    call_id: str
+    output: str
+
+
+ConversationItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")]
+
+
+class CancelledDetails(BaseModel):
+    type: Literal["cancelled"] = "cancelled"
+    reason: Literal["client_cancelled"] = "client_cancelled"
+
+
+class Response(BaseModel):
+    id: str
+    object: Literal["realtime.response"] = "realtime.response"
+    status: Literal["in_progress", "completed", "cancelled"]
+    status_details: CancelledDetails | None = None
+    output: list[ConversationItem] = Field(default_factory=list)
+    output_modalities: list[Literal["audio"]] = ["audio"]
+    usage: None = None  # a full-duplex model counts frames, not tokens
+    metadata: dict[str, str] | None = Field(None, description="the `response.create` metadata it answers")
+
+
+class SessionCreated(ServerEvent):
+    type: Literal["session.created"] = "session.created"
+    session: Session | BetaSession
+
+
+class SessionExtension(BaseModel):
+    """`session.updated` `contextspan`: what this server did with the update beyond OpenAI's fields."""
+
+    unsupported: dict[str, str] = Field(description="fields accepted but not applied, each with the reason")
+    prefix_frames: int | None = Field(None, description="new instructions or voice were prefilled in this many "
+                                      "frames: the model's context restarted from them")
+    prefill_ms: float | None = None
+
+
+class SessionUpdated(ServerEvent):
+    type: Literal["session.updated"] = "session.updated"
+    session: Session | BetaSession
+    contextspan: SessionExtension
+
+
+class RateLimitsUpdated(ServerEvent):
+    type: Literal["rate_limits.updated"] = "rate_limits.updated"
+    rate_limits: tuple[()] = ()  # always empty: this server limits messages a second, not tokens
+
+
+class InputAudioBufferCommitted(ServerEvent):
+    type: Literal["input_audio_buffer.committed"] = "input_audio_buffer.committed"
+    previous_item_id: str | None = None
+    item_id: str
+
+
+class InputAudioBufferCleared(ServerEvent):
+    type: Literal["input_audio_buffer.cleared"] = "input_audio_buffer.cleared"
+
+
+class ConversationItemAdded(ServerEvent):
+    type: Literal["conversation.item.added"] = "conversation.item.added"
+    previous_item_id: str | None
+    item: ConversationItem
+
+
+class ConversationItemDone(ServerEvent):
+    type: Literal["conversation.item.done"] = "conversation.item.done"
+    item: ConversationItem
+
+
+class ConversationItemTruncated(ServerEvent):
+    type: Literal["conversation.item.truncated"] = "conversation.item.truncated"
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+class ConversationItemDeleted(ServerEvent):
+    type: Literal["conversation.item.deleted"] = "conversation.item.deleted"
+    item_id: str
+
+
+class InputAudioTranscriptionDelta(ServerEvent):
+    type: Literal["conversation.item.input_audio_transcription.delta"] = (
+        "conversation.item.input_audio_transcription.delta")
+    item_id: str
+    content_index: int = 0
+    delta: str
+
+
+class TranscriptionUsage(BaseModel):
+    type: Literal["duration"] = "duration"
+    seconds: float = Field(description="the utterance's duration")
+
+
+class InputAudioTranscriptionCompleted(ServerEvent):
+    type: Literal["conversation.item.input_audio_transcription.completed"] = (
+        "conversation.item.input_audio_transcription.completed")
+    item_id: str
+    content_index: int = 0
+    transcript: str
+    usage: TranscriptionUsage
+
+
+class ResponseCreated(ServerEvent):
+    type: Literal["response.created"] = "response.created"
+    response: Response
+
+
+class ResponseDone(ServerEvent):
+    type: Literal["response.done"] = "response.done"
+    response: Response
+
+
+class ResponseOutputItemAdded(ServerEvent):
+    type: Literal["response.output_item.added"] = "response.output_item.added"
+    response_id: str
+    output_index: int
+    item: ConversationItem
+
+
+class ResponseOutputItemDone(ServerEvent):
+    type: Literal["response.output_item.done"] = "response.output_item.done"
+    response_id: str
+    output_index: int
+    item: ConversationItem
+
+
+class _AudioContent(ServerEvent):
+    """Events about a response's audio: its message is output 0 and the audio its content 0."""
+
+    response_id: str
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+
+
+class ResponseContentPartAdded(_AudioContent):
+    type: Literal["response.content_part.added"] = "response.content_part.added"
+    part: AudioPart
+
+
+class ResponseContentPartDone(_AudioContent):
+    type: Literal["response.content_part.done"] = "response.content_part.done"
+    part: AudioPart
+
+
+class ResponseOutputAudioDelta(_AudioContent):
+    type: Literal["response.output_audio.delta"] = "response.output_audio.delta"
+    delta: str = Field(description="one frame: 80 ms of base64 PCM16")
+
+
+class ResponseOutputAudioDone(_AudioContent):
+    type: Literal["response.output_audio.done"] = "response.output_audio.done"
+
+
+class ResponseOutputAudioTranscriptDelta(_AudioContent):
+    type: Literal["response.output_audio_transcript.delta"] = "response.output_audio_transcript.delta"
+    delta: str
+
+
+class ResponseOutputAudioTranscriptDone(_AudioContent):
+    type: Literal["response.output_audio_transcript.done"] = "response.output_audio_transcript.done"
+    transcript: str
+
+
+class _FunctionCallArguments(ServerEvent):
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+
+
+class ResponseFunctionCallArgumentsDelta(_FunctionCallArguments):
+    type: Literal["response.function_call_arguments.delta"] = "response.function_call_arguments.delta"
+    delta: str
+
+
+class ResponseFunctionCallArgumentsDone(_FunctionCallArguments):
+    type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
+    name: str
+    arguments: str
+
+
+class ErrorDetail(BaseModel):
+    type: Literal["invalid_request_error"] = "invalid_request_error"
+    code: str
+    message: str
+    param: str | None = None
+    event_id: str | None = Field(None, description="the client event at fault")
+
+
+class ErrorEvent(ServerEvent):
+    type: Literal["error"] = "error"
+    error: ErrorDetail
+
+    @classmethod
+    def of(cls, exc: RealtimeError) -> ErrorEvent:
+        return cls(error=ErrorDetail(code=exc.code, message=str(exc), param=exc.param, event_id=exc.event_id))
+
+
+# The `/api/chat` events that Realtime clients get too, as extension events (OpenAI's clients pass on event types
+# they do not know).
+SpanEvent = Retrieval | Question | SpanInjected | SpanDropped | SessionEnding
+EXTENSION_PREFIX = "contextspan."
+
+
+class Extension(ServerEvent):
+    """An `/api/chat` event under its type prefixed `contextspan.`, with its fields as they are there."""
+
+    event: SpanEvent = Field(exclude=True)
+
+    @classmethod
+    def of(cls, event: SpanEvent) -> Extension:
+        return cls(type=EXTENSION_PREFIX + event.type, event=event)
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return handler(self) | self.event.model_dump(mode="json", exclude_none=True, exclude={"type"})
+
+
+def encode_event(event: ServerEvent, dialect: Dialect) -> str | None:
+    """One server event as JSON text under the dialect's name; None where the dialect has no such event."""
+    if dialect == "beta" and event.type in GA_ONLY:
+        return None
+    data = event.model_dump(mode="json")
     if dialect == "beta":
-        if type_ in GA_ONLY:
-            return None
-        type_ = BETA_NAMES.get(type_, type_)
-    return json.dumps({"type": type_, "event_id": new_id("event"), **fields}, separators=(",", ":"))
-
-
-def error_fields(exc: ProtocolError) -> dict[str, Any]:
-    event_id = exc.event_id if isinstance(exc, RealtimeError) else None
-    param = exc.param if isinstance(exc, RealtimeError) else None
-    return {"error": {"type": "invalid_request_error", "code": exc.code, "message": str(exc), "param": param,
-                      "event_id": event_id}}
-
-
-def assistant_item(item_id: str, status: str, transcript: str | None, dialect: Dialect) -> dict[str, Any]:
-    part_type = "output_audio" if dialect == "ga" else "audio"
-    content = [] if transcript is None else [{"type": part_type, "transcript": transcript}]
-    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant", "status": status,
-            "content": content}
-
-
-def user_item(item_id: str, transcript: str | None) -> dict[str, Any]:
-    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
-            "content": [{"type": "input_audio", "transcript": transcript}]}
-
-
-def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {"id": item_id, "object": "realtime.item", "type": "function_call", "status": status, "call_id": call_id,
-            "name": name, "arguments": arguments}
-
-
-def response(response_id: str, status: str, output: list[dict[str, Any]],
-             status_details: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"id": response_id, "object": "realtime.response", "status": status, "status_details": status_details,
-            "output": output, "output_modalities": ["audio"], "usage": None}
+        data["type"] = BETA_NAMES.get(event.type, event.type)
+    return json.dumps(data, separators=(",", ":"))

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from server.session.realtime_wire import SPAN_EVENTS
 from server.wire import protocol as p
 from server.wire import realtime as rt
+from tests.support.openai_realtime import server_event_models
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC_PATH = ROOT / "docs" / "protocol.asyncapi.yaml"
@@ -147,14 +147,16 @@ def test_realtime_client_events_match(spec: dict[str, Any]) -> None:
     assert documented == set(rt.CLIENT_TYPES)
 
 
-def test_every_realtime_server_event_and_its_beta_name_is_in_the_spec(spec: dict[str, Any]) -> None:
+def test_every_realtime_server_event_its_fields_and_its_beta_name_are_in_the_spec(spec: dict[str, Any]) -> None:
     (message,) = _messages(spec, "send", "realtime")
-    documented = {e["type"]: e.get("x-beta-name") for e in message["x-server-events"]}
-    wire = (ROOT / "server" / "session" / "realtime_wire.py").read_text()
-    sent = set(re.findall(r'_send\(\s*"([a-z_.]+)"', wire)) | {f"contextspan.{t}" for t in SPAN_EVENTS}
-    assert set(documented) == sent
-    assert {ga: beta for ga, beta in documented.items() if beta} == rt.BETA_NAMES
-    assert set(message["payload"]["properties"]["type"]["enum"]) == sent
+    documented = {e["type"]: e for e in message["x-server-events"]}
+    models = server_event_models()
+    extensions = {rt.EXTENSION_PREFIX + _type_const(cls) for cls in get_args(rt.SpanEvent)}
+    assert set(documented) == set(models) | extensions
+    for name, cls in models.items():
+        assert documented[name]["fields"] == [f for f in cls.model_fields if f not in ("type", "event_id")], name
+    assert {ga: e["x-beta-name"] for ga, e in documented.items() if "x-beta-name" in e} == rt.BETA_NAMES
+    assert set(message["payload"]["properties"]["type"]["enum"]) == set(documented)
 
 
 def test_every_realtime_error_code_is_in_the_spec(spec: dict[str, Any]) -> None:

@@ -16,14 +16,27 @@ from server.session.wire import AudioIn, ClearInput
 from server.wire import protocol as p
 from server.wire import realtime as rt
 from server.wire.outbound import OutboundQueue
+from tests.support.openai_realtime import as_sdk_event, server_event_models
 
 LOUD = np.full(FRAME_SAMPLES, 0.2, np.float32)
 QUIET = np.zeros(FRAME_SAMPLES, np.float32)
+READY = p.SessionReady(t=0.0, session_id="s", profile="tiny", random_weights=True, description="", prefix_frames=3,
+                       prefill_ms=1.0, persona="Be kind.", voice="alice", trigger="asr", app_spans=True,
+                       sampling=p.Sampling(text_temperature=0.7, text_topk=25, audio_temperature=0.8, audio_topk=250,
+                                           text_seed=1, audio_seed=2))
 
 
 def wire(dialect: rt.Dialect = "ga") -> tuple[RealtimeWire, OutboundQueue]:
     queue = OutboundQueue(1000)
     return RealtimeWire(queue, dialect, "tiny", ["alice"]), queue
+
+
+def ready(dialect: rt.Dialect = "ga") -> tuple[RealtimeWire, OutboundQueue]:
+    """A wire whose session is ready (its first response open), with what that sent drained."""
+    w, queue = wire(dialect)
+    w.event(READY)
+    sent(queue)
+    return w, queue
 
 
 def sent(queue: OutboundQueue) -> list[dict[str, Any]]:
@@ -43,58 +56,106 @@ def message(event: dict[str, Any] | str) -> dict[str, Any]:
     return {"type": "websocket.receive", "text": event if isinstance(event, str) else json.dumps(event)}
 
 
-def test_an_agent_turn_is_one_response_from_the_first_sound_to_the_silence_after_it() -> None:
-    w, queue = wire()
-    w.audio(QUIET)
-    assert sent(queue) == []  # the model listening in silence is no response
+def turn(w: RealtimeWire, text: str = " Hello", frames: int = 3) -> None:
+    """The agent speaks `frames` frames and a text piece, then is silent long enough to end its turn."""
     w.audio(LOUD)
-    w.agent_text(" Hello")
+    w.agent_text(text)
+    for _ in range(frames - 1):
+        w.audio(LOUD)
     for _ in range(TURN_END_FRAMES):
         w.audio(QUIET)
+
+
+OPENED = ["response.created", "response.output_item.added", "conversation.item.added", "response.content_part.added"]
+CLOSED = ["response.output_audio.done", "response.output_audio_transcript.done", "response.content_part.done",
+          "response.output_item.done", "conversation.item.done", "response.done"]
+
+
+def test_the_session_starts_with_its_first_response_open() -> None:
+    w, queue = wire()
+    w.event(READY)
     events = sent(queue)
-    assert types(events)[:4] == ["response.created", "response.output_item.added", "conversation.item.added",
-                                 "response.content_part.added"]
-    assert types(events)[-6:] == ["response.output_audio.done", "response.output_audio_transcript.done",
-                                  "response.content_part.done", "response.output_item.done",
-                                  "conversation.item.done", "response.done"]
-    deltas = [e for e in events if e["type"] == "response.output_audio.delta"]
-    assert len(deltas) == 1 + TURN_END_FRAMES  # every frame of the turn, the trailing silence included
-    assert len(base64.b64decode(deltas[0]["delta"])) == 2 * FRAME_SAMPLES
-    done = events[-1]["response"]
-    assert done["status"] == "completed" and done["output"][0]["content"][0]["transcript"] == " Hello"
-    assert {e["response_id"] for e in deltas} == {done["id"]}
+    assert types(events) == ["session.created", "rate_limits.updated", *OPENED]
+    session = events[0]["session"]
+    assert (session["instructions"], session["audio"]["output"]["voice"]) == ("Be kind.", "alice")
 
 
-def test_beta_clients_get_the_beta_names() -> None:
-    w, queue = wire("beta")
+def test_every_frame_is_an_audio_delta_of_the_open_response_silence_included() -> None:
+    w, queue = ready()
+    for pcm in (QUIET, QUIET, LOUD, QUIET):
+        w.audio(pcm)
+    deltas = sent(queue)
+    assert types(deltas) == ["response.output_audio.delta"] * 4
+    assert [len(base64.b64decode(e["delta"])) for e in deltas] == [2 * FRAME_SAMPLES] * 4
+    assert len({e["response_id"] for e in deltas}) == 1
+
+
+def test_a_response_is_one_agent_turn_and_the_silence_after_it_until_the_agent_speaks_again() -> None:
+    w, queue = ready()
+    turn(w, " Hello")
+    for _ in range(20):
+        w.audio(QUIET)  # the agent listens: still the same response
+    assert set(types(sent(queue))) == {"response.output_audio.delta", "response.output_audio_transcript.delta"}
+    w.audio(LOUD)  # heard again after a pause: its next turn
+    events = sent(queue)
+    assert types(events) == [*CLOSED, *OPENED, "response.output_audio.delta"]
+    done = events[5]["response"]
+    assert done["status"] == "completed" and done["output"][0]["content"] == [
+        {"type": "output_audio", "transcript": " Hello"}]
+    assert events[6]["response"]["id"] != done["id"] == events[0]["response_id"]
+    assert events[-1]["response_id"] == events[6]["response"]["id"]
+
+
+def test_a_pause_shorter_than_a_turn_end_keeps_the_turn() -> None:
+    w, queue = ready()
     w.audio(LOUD)
-    w.agent_text("Hi")
-    names = types(sent(queue))
+    for _ in range(TURN_END_FRAMES - 1):
+        w.audio(QUIET)
+    w.agent_text(" again")
+    assert "response.done" not in types(sent(queue))
+
+
+def test_beta_clients_get_the_beta_names_and_shapes() -> None:
+    w, queue = wire("beta")
+    w.event(READY)
+    turn(w, "Hi")
+    w.audio(LOUD)
+    events = sent(queue)
+    names = types(events)
     assert "response.audio.delta" in names and "response.audio_transcript.delta" in names
     assert "conversation.item.created" in names and "conversation.item.added" not in names
+    assert "conversation.item.done" not in names  # GA only
+    assert events[0]["session"]["voice"] == "alice" and "model" not in events[0]["session"]
+    (done,) = [e for e in events if e["type"] == "response.done"]
+    assert done["response"]["output"][0]["content"] == [{"type": "audio", "transcript": "Hi"}]
 
 
-def test_cancel_ends_the_turn_and_mutes_the_rest_of_it() -> None:
-    w, queue = wire()
+def test_cancel_ends_the_response_and_nothing_is_sent_until_the_agent_speaks_after_a_pause() -> None:
+    w, queue = ready()
     w.audio(LOUD)
     sent(queue)
     assert w.inbound(message({"type": "response.cancel"})) == []
-    assert sent(queue)[-1]["response"]["status"] == "cancelled"
+    done = sent(queue)[-1]["response"]
+    assert done["status"] == "cancelled" and done["status_details"] == {"type": "cancelled",
+                                                                       "reason": "client_cancelled"}
+    assert done["output"][0]["status"] == "incomplete"
     w.audio(LOUD)
     w.agent_text("still talking")
-    assert sent(queue) == []
-    for _ in range(TURN_END_FRAMES + 1):
+    for _ in range(TURN_END_FRAMES):
         w.audio(QUIET)
-    w.audio(LOUD)  # a new turn after the silence
-    assert types(sent(queue))[0] == "response.created"
+    assert sent(queue) == []
+    w.audio(LOUD)  # its next turn
+    assert types(sent(queue)) == [*OPENED, "response.output_audio.delta"]
 
 
-def test_response_create_makes_nothing_up_and_its_metadata_rides_on_the_next_turn() -> None:
-    w, queue = wire()
+def test_response_create_makes_nothing_up_and_its_metadata_rides_on_the_next_response() -> None:
+    w, queue = ready()
     w.inbound(message({"type": "response.create", "response": {"metadata": {"client_event_id": "x"}}}))
     assert sent(queue) == []
+    turn(w)
     w.audio(LOUD)
-    assert sent(queue)[0]["response"]["metadata"] == {"client_event_id": "x"}
+    (created,) = [e for e in sent(queue) if e["type"] == "response.created"]
+    assert created["response"]["metadata"] == {"client_event_id": "x"}
 
 
 def test_session_update_maps_instructions_voice_tools_and_temperature_and_reports_the_rest() -> None:
@@ -136,7 +197,7 @@ def test_an_unknown_voice_is_reported_and_the_voice_stays() -> None:
      "session.temperature"),
     ({"type": "conversation.item.create", "item": {"type": "message", "role": "assistant", "content": []},
       "event_id": "e1"}, "unsupported_item", "item"),
-    ({"type": "response.cancel", "event_id": "e1"}, "no_active_response", "response_id"),
+    ({"type": "response.cancel", "event_id": "e1"}, "response_cancel_not_active", "response_id"),
 ])
 def test_bad_events_are_errors_naming_the_event_and_the_field(event: dict[str, Any], code: str, param: str) -> None:
     w, queue = wire()
@@ -173,26 +234,85 @@ def test_a_text_item_becomes_a_span_request_and_a_function_output_a_tool_result(
     assert types(sent(queue)) == ["conversation.item.added", "conversation.item.done"] * 2
 
 
-def test_a_tool_call_goes_out_as_a_response_with_one_function_call_item() -> None:
-    w, queue = wire()
+def test_a_tool_call_is_a_function_call_item_of_the_open_response() -> None:
+    w, queue = ready()
     w.event(p.ToolCall(t=1.0, call_id="call_1", name="get_weather", arguments='{"place": "Paris"}'))
+    events = sent(queue)
+    assert types(events) == ["response.output_item.added", "conversation.item.added",
+                             "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                             "response.output_item.done", "conversation.item.done"]
+    done = events[3]
+    assert (done["call_id"], done["name"], json.loads(done["arguments"])) == ("call_1", "get_weather",
+                                                                            {"place": "Paris"})
+    assert {e.get("output_index", 1) for e in events} == {1}  # after the agent's message, output 0
+    turn(w)
+    w.audio(LOUD)
+    (response,) = [e["response"] for e in sent(queue) if e["type"] == "response.done"]
+    assert [item["type"] for item in response["output"]] == ["message", "function_call"]
+
+
+def test_after_a_cancel_a_tool_call_is_a_response_of_its_own() -> None:
+    w, queue = ready()
+    w.inbound(message({"type": "response.cancel"}))
+    sent(queue)
+    w.event(p.ToolCall(t=1.0, call_id="call_1", name="get_weather", arguments="{}"))
     events = sent(queue)
     assert types(events) == ["response.created", "response.output_item.added", "conversation.item.added",
                              "response.function_call_arguments.delta", "response.function_call_arguments.done",
                              "response.output_item.done", "conversation.item.done", "response.done"]
-    done = events[4]
-    assert (done["call_id"], done["name"], json.loads(done["arguments"])) == ("call_1", "get_weather",
-                                                                            {"place": "Paris"})
-    assert events[-1]["response"]["output"][0]["type"] == "function_call"
+    assert [item["type"] for item in events[-1]["response"]["output"]] == ["function_call"]
 
 
 def test_user_transcripts_become_one_item_with_deltas_then_completed() -> None:
     w, queue = wire()
     w.event(p.UserTranscript(t=1.0, text="What is", final=False))
     w.event(p.UserTranscript(t=1.5, text="What is the time", final=False))
-    w.event(p.UserTranscript(t=2.0, text="What is the time?", final=True))
+    w.event(p.UserTranscript(t=2.0, text="What is the time?", final=True, start=0.5, end=1.75))
     events = sent(queue)
     assert types(events) == ["conversation.item.added"] + ["conversation.item.input_audio_transcription.delta"] * 2 \
         + ["conversation.item.input_audio_transcription.completed"]
     assert [e.get("delta") for e in events[1:3]] == ["What is", " the time"]
     assert {e.get("item_id") for e in events[1:]} == {events[0]["item"]["id"]}
+    assert events[-1]["usage"] == {"type": "duration", "seconds": 1.25}
+
+
+def every_event_the_wire_sends(dialect: rt.Dialect) -> list[dict[str, Any]]:
+    """The wire driven through every path that sends something: a session, its updates, turns, the input buffer,
+    items, a tool call, transcripts, a cancel, an error, a span event."""
+    w, queue = wire(dialect)
+    w.event(READY)
+    w.inbound(message({"type": "session.update", "session": {"instructions": "Be brief.", "tools": [
+        {"type": "function", "name": "get_weather"}]}}))
+    w.event(p.SessionUpdated(t=0.0, prefix_frames=3, prefill_ms=2.0))
+    turn(w)
+    w.audio(LOUD)
+    for event in ({"type": "input_audio_buffer.commit"}, {"type": "input_audio_buffer.clear"},
+                  {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+                      {"type": "input_text", "text": "Booked."}]}},
+                  {"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c",
+                                                                "output": "Sunny."}},
+                  {"type": "conversation.item.truncate", "item_id": "item_1", "audio_end_ms": 80},
+                  {"type": "conversation.item.delete", "item_id": "item_1"}):
+        w.inbound(message(event))
+    w.event(p.ToolCall(t=1.0, call_id="c", name="get_weather", arguments="{}"))
+    w.event(p.UserTranscript(t=1.0, text="What", final=False))
+    w.event(p.UserTranscript(t=1.5, text="What now?", final=True, start=0.5, end=1.5))
+    w.inbound(message({"type": "response.cancel"}))
+    w.event(p.ErrorEvent(t=2.0, code="invalid_json", message="a client event must be a JSON object"))
+    w.event(p.Retrieval(t=2.0, frame=25))
+    return sent(queue)
+
+
+def names_in(dialect: rt.Dialect) -> set[str]:
+    """What every server event model of ours is called in the dialect (beta: some renamed, GA-only ones absent)."""
+    if dialect == "ga":
+        return set(server_event_models())
+    return {rt.BETA_NAMES.get(name, name) for name in set(server_event_models()) - rt.GA_ONLY}
+
+
+@pytest.mark.parametrize("dialect", ["ga", "beta"])
+def test_every_event_the_wire_sends_is_one_of_the_openai_sdks_own_server_events(dialect: rt.Dialect) -> None:
+    events = [e for e in every_event_the_wire_sends(dialect) if not e["type"].startswith(rt.EXTENSION_PREFIX)]
+    for event in events:
+        as_sdk_event(event, dialect)
+    assert set(types(events)) == names_in(dialect)
