@@ -2,11 +2,14 @@
 benchmarks.fakes.faulty_server serve ...` with FAULTS set, e.g. `step_raise@20` (the first session to reach frame 20
 fails in its own part of the tick, before the batched step), `forward_raise@20` / `forward_nan@20` (from that frame
 on, that session's row raises, or turns NaN, inside the batched step's transformer forward), `slow_prefill@12` (every
-session's prefill takes 12 s longer) or `asr_raise` (Whisper's worker process raises on every call)."""
+session's prefill takes 12 s longer), `asr_raise` (Whisper's worker process raises on every call) or
+`agent_listens@6` (not a fault: the agent is silent while its user speaks and 6 frames after, as a full-duplex model
+listens, where the tiny model's random weights babble through every frame)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Coroutine
@@ -18,6 +21,7 @@ from benchmarks.fakes.forward_fault import ForwardFault
 from frontend_model.engine.batch_model import BatchedModel
 from server.batching.batcher import Batcher
 from server.cli import main
+from server.session.spans import FrameOutput
 from server.wire.frame_clock import InputFrame
 
 
@@ -86,6 +90,27 @@ def slow_open(delay_s: float) -> Callable[..., Coroutine[Any, Any, float]]:
     return open_slot
 
 
+# A user frame louder than this (-40 dBFS RMS) is the user speaking.
+USER_SPEAKS_RMS = 10 ** (-40 / 20)
+
+
+def listening_step(hangover_frames: int) -> Callable[..., Coroutine[Any, Any, FrameOutput]]:
+    """A `Batcher.step` whose agent output is silence without text while the frame's user audio is audible, and
+    for `hangover_frames` after."""
+    original = Batcher.step
+    since_user: dict[int, int] = {}  # slot -> frames since its user was last heard
+
+    async def step(self: Batcher, slot: int, frame: InputFrame) -> FrameOutput:
+        out = await original(self, slot, frame)
+        heard = float(np.sqrt(np.mean(np.square(frame.pcm, dtype=np.float64)))) > USER_SPEAKS_RMS
+        since = since_user[slot] = 0 if heard else 1 + (hangover_frames if frame.index == 0 else since_user[slot])
+        if since > hangover_frames or out.agent_pcm is None:
+            return out
+        return dataclasses.replace(out, agent_pcm=np.zeros_like(out.agent_pcm), text_token=None)
+
+    return step
+
+
 def install(faults: str) -> None:
     for fault in filter(None, faults.split(",")):
         name, _, argument = fault.partition("@")
@@ -95,6 +120,8 @@ def install(faults: str) -> None:
             break_forward(int(argument), name.removeprefix("forward_"))
         elif name == "slow_prefill":
             Batcher.open = slow_open(float(argument))  # type: ignore[method-assign]
+        elif name == "agent_listens":
+            Batcher.step = listening_step(int(argument))  # type: ignore[method-assign]
         elif name == "asr_raise":
             import server.session.backend
 

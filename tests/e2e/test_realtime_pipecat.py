@@ -21,6 +21,7 @@ pytest.importorskip("pipecat", reason="pipecat-ai is a test extra")
 from pipecat.frames.frames import (
     ErrorFrame,
     InputAudioRawFrame,
+    LLMFullResponseEndFrame,
     TranscriptionFrame,
     TTSAudioRawFrame,
     TTSTextFrame,
@@ -35,7 +36,9 @@ KEY = "pipecat-key"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_server(tmp_path_factory.mktemp("server"), "--max-sessions", "1", "--api-keys", KEY)
+    # The agent listens while the user speaks (as a full-duplex model does): Pipecat sees turns end, and silence.
+    running = start_server(tmp_path_factory.mktemp("server"), "--max-sessions", "1", "--api-keys", KEY,
+                           faults="agent_listens@6")
     yield running
     stop_server(running)
 
@@ -57,5 +60,6 @@ def test_pipecats_realtime_service_hears_the_user_and_plays_the_agent(server: Ru
     agent_samples = sum(len(f.audio) // 2 for f in down if isinstance(f, TTSAudioRawFrame))
     assert agent_samples >= 0.5 * len(speech)  # real time both ways, but the host may lag a little behind
     assert [f for f in down if isinstance(f, TTSTextFrame)], "the agent's transcript"
+    assert [f for f in down if isinstance(f, LLMFullResponseEndFrame)], "a turn that ended (response.done)"
     finals = [f.text for f in up if isinstance(f, TranscriptionFrame)]
     assert finals and "how are you" in " ".join(finals).lower()

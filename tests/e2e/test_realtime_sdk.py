@@ -1,10 +1,14 @@
 """`/v1/realtime` driven by the official `openai` SDK's realtime client, unmodified, against a real server on
-loopback (tiny profile, real Whisper, a fake OpenAI-compatible LLM that picks the client's tool), in real time."""
+loopback (tiny profile, real Whisper, a fake OpenAI-compatible LLM that picks the client's tool), in real time.
+
+The server's agent listens (`agent_listens`, benchmarks/fakes/faulty_server.py): silent while the user speaks, as a
+full-duplex model is, so turns end and the silence between them goes over the wire too."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import re
 import time
@@ -15,13 +19,16 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import websockets
 from openai import AsyncOpenAI
 
 from benchmarks.fakes.fake_openai import Script, fake_openai
 from contextspan_client import connect, session_token
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
+from server.session.realtime_wire import is_silent
 from server.wire import protocol as p
 from server.wire import realtime as rt
+from tests.support.openai_realtime import as_sdk_event, server_event_models
 from tests.support.speech import silence, speak
 
 from .servers import RunningServer, start_server, stop_server
@@ -51,7 +58,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, llm: tuple[str, Script]) ->
     # A question in the user's final transcript starts the retrieval (the tiny model's `<ret>` means nothing).
     running = start_server(tmp_path_factory.mktemp("server"), "--max-sessions", "2", "--api-keys", KEY,
                            "--trigger", "asr", "--llm-base-url", llm[0], "--llm-model", "fake",
-                           "--span-deadline-s", str(DEADLINE_S))
+                           "--span-deadline-s", str(DEADLINE_S), faults="agent_listens@6")
     yield running
     stop_server(running)
 
@@ -65,8 +72,10 @@ def question(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
 
 @dataclass
 class Seen:
-    events: list[Any] = field(default_factory=list)
+    events: list[Any] = field(default_factory=list)  # as the SDK parses them
+    raw: list[dict[str, Any]] = field(default_factory=list)  # as sent
     audio_samples: int = 0  # agent audio received
+    silent_samples: int = 0  # of which silence
     sent_samples: int = 0  # user audio sent
 
     def of(self, type_: str) -> list[Any]:
@@ -78,10 +87,16 @@ def pcm16(pcm: np.ndarray) -> str:
 
 
 async def listen(connection: Any, seen: Seen) -> None:
-    async for event in connection:
-        seen.events.append(event)
-        if event.type == "response.output_audio.delta":
-            seen.audio_samples += len(base64.b64decode(event.delta)) // 2
+    with contextlib.suppress(websockets.ConnectionClosed):
+        while True:
+            data = await connection.recv_bytes()
+            seen.raw.append(json.loads(data))
+            event = connection.parse_event(data)
+            seen.events.append(event)
+            if event.type == "response.output_audio.delta":
+                pcm = np.frombuffer(base64.b64decode(event.delta), "<i2").astype(np.float32) / 32768
+                seen.audio_samples += pcm.size
+                seen.silent_samples += pcm.size if is_silent(pcm) else 0
 
 
 async def converse(server: RunningServer, pcm: np.ndarray, on_event: Any = None, until: Any = None,
@@ -133,8 +148,25 @@ def span_for(seen: Seen, tool: str) -> list[Any]:
             and getattr(e, "tool", None) == tool]
 
 
-def test_the_sdk_converses_with_audio_transcripts_a_text_item_and_a_client_tool(
-        server: RunningServer, question: np.ndarray, llm: tuple[str, Script]) -> None:
+def outside_the_open_response(seen: Seen) -> list[str]:
+    """The events that name a response other than the one open when they came; two open at once fail."""
+    open_id, outside = None, []
+    for event in seen.raw:
+        if event["type"] == "response.created":
+            assert open_id is None, "two responses open at once"
+            open_id = event["response"]["id"]
+        elif event["type"] == "response.done":
+            assert event["response"]["id"] == open_id
+            open_id = None
+        elif "response_id" in event and event["response_id"] != open_id:
+            outside.append(event["type"])
+    return outside
+
+
+@pytest.fixture(scope="module")
+def conversation(server: RunningServer, question: np.ndarray) -> Seen:
+    """The whole flow over the SDK: the client's tool declared, the spoken question, a text item and the input
+    buffer's and items' other events, until the tool call, answered by the client, is injected."""
     async def answer_tools(connection: Any, event: Any) -> None:
         if event.type == "response.function_call_arguments.done":
             assert event.name == "get_weather" and json.loads(event.arguments) == {"place": "Paris"}
@@ -145,18 +177,39 @@ def test_the_sdk_converses_with_audio_transcripts_a_text_item_and_a_client_tool(
     item = {"type": "conversation.item.create",
             "item": {"type": "message", "role": "user",
                      "content": [{"type": "input_text", "text": "Your table is booked for 8 pm."}]}}
+    others = [(0.5, {"type": "input_audio_buffer.commit"}), (0.6, {"type": "input_audio_buffer.clear"}),
+              (1.2, {"type": "conversation.item.truncate", "item_id": "item_0", "content_index": 0,
+                     "audio_end_ms": 0}),
+              (1.3, {"type": "conversation.item.delete", "item_id": "item_0"})]
     session = {"type": "realtime", "instructions": "You are a helpful assistant.", "tools": [WEATHER_TOOL],
                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None}}}
-    seen = asyncio.run(converse(server, question, answer_tools, until=lambda s: bool(span_for(s, "get_weather")),
-                                session=session, extra=[(1.0, item)]))
+    return asyncio.run(converse(server, question, answer_tools, until=lambda s: bool(span_for(s, "get_weather")),
+                                session=session, extra=[(1.0, item), *others]))
 
+
+@pytest.fixture(scope="module")
+def bad_inputs(server: RunningServer) -> Seen:
+    """A session of silence with one bad input of each kind."""
+    bad = [
+        (0.2, {"type": "no.such.event", "event_id": "evt_1"}),
+        (0.3, {"type": "input_audio_buffer.append", "audio": "not base64 !", "event_id": "evt_2"}),
+        (0.4, {"type": "input_audio_buffer.append", "audio": "A" * (rt.MAX_APPEND_BASE64 + 4)}),
+        (0.5, {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}}),
+        (0.6, {"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}),
+        (0.7, "{not json"),
+    ]
+    return asyncio.run(converse(server, silence(2.0), extra=bad))
+
+
+def test_the_sdk_converses_with_audio_transcripts_a_text_item_and_a_client_tool(
+        conversation: Seen, llm: tuple[str, Script]) -> None:
+    seen = conversation
     assert not seen.of("error"), [e.error for e in seen.of("error")]
     (created,) = seen.of("session.created")
     assert created.session.audio.input.format.rate == SAMPLE_RATE
     updated = seen.of("session.updated")
     assert updated and [t.name for t in updated[-1].session.tools] == ["get_weather"]
     assert "audio.input.turn_detection" in updated[-1].contextspan["unsupported"]
-    assert seen.audio_samples >= 0.9 * seen.sent_samples
     assert seen.of("response.created") and seen.of("response.output_audio_transcript.delta")
     finals = seen.of("conversation.item.input_audio_transcription.completed")
     assert finals and "paris" in finals[0].transcript.lower()
@@ -170,6 +223,29 @@ def test_the_sdk_converses_with_audio_transcripts_a_text_item_and_a_client_tool(
     assert tool_span.latency_ms <= DEADLINE_S * 1e3
     offered = [t["function"]["name"] for t in llm[1].requests[-1]["tools"]]
     assert "get_weather" in offered and "arithmetic" in offered  # beside the server's own tools
+
+
+def test_agent_audio_comes_at_the_frame_clock_for_the_whole_input_silence_included(conversation: Seen) -> None:
+    assert conversation.audio_samples >= 0.9 * conversation.sent_samples
+    assert conversation.silent_samples >= 2.0 * SAMPLE_RATE  # the agent listened to the question: sent too
+
+
+def test_each_agent_turn_and_the_silence_after_it_is_one_response_holding_its_audio_and_tool_calls(
+        conversation: Seen) -> None:
+    created, done = conversation.of("response.created"), conversation.of("response.done")
+    assert len(created) >= 2 and [d.response.id for d in done] == [c.response.id for c in created[:len(done)]]
+    assert len(done) == len(created) - 1 and {d.response.status for d in done} == {"completed"}
+    assert outside_the_open_response(conversation) == []
+
+
+def test_every_event_type_the_server_sends_is_one_of_the_sdks_own_server_events(
+        conversation: Seen, bad_inputs: Seen) -> None:
+    """Parsed strictly with the model the `openai` SDK has for its type, as it arrived (the SDK itself is lenient);
+    `contextspan.` events are this server's extensions."""
+    ours = [e for e in conversation.raw + bad_inputs.raw if not e["type"].startswith(rt.EXTENSION_PREFIX)]
+    for event in ours:
+        as_sdk_event(event)
+    assert {e["type"] for e in ours} == set(server_event_models())
 
 
 def test_a_late_tool_answer_is_dropped_and_reported(server: RunningServer, question: np.ndarray) -> None:
@@ -190,22 +266,13 @@ def test_a_late_tool_answer_is_dropped_and_reported(server: RunningServer, quest
     assert seen.of("error")[0].error.code == "tool_result_late"
 
 
-def test_each_bad_input_gets_a_clear_error_and_the_session_goes_on(server: RunningServer) -> None:
-    bad = [
-        (0.2, {"type": "no.such.event", "event_id": "evt_1"}),
-        (0.3, {"type": "input_audio_buffer.append", "audio": "not base64 !", "event_id": "evt_2"}),
-        (0.4, {"type": "input_audio_buffer.append", "audio": "A" * (rt.MAX_APPEND_BASE64 + 4)}),
-        (0.5, {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}}),
-        (0.6, {"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}),
-        (0.7, "{not json"),
-    ]
-    seen = asyncio.run(converse(server, silence(2.0), extra=bad))
-    errors = [e.error for e in seen.of("error")]
+def test_each_bad_input_gets_a_clear_error_and_the_session_goes_on(bad_inputs: Seen) -> None:
+    errors = [e.error for e in bad_inputs.of("error")]
     assert [e.code for e in errors] == ["unknown_event", "invalid_audio", "audio_too_large",
                                         "unsupported_audio_format", "unsupported_audio_format", "invalid_json"]
     assert errors[0].event_id == "evt_1" and errors[1].event_id == "evt_2" and errors[1].param == "audio"
     assert "24000" in errors[3].message
-    assert seen.audio_samples >= 0.9 * seen.sent_samples
+    assert bad_inputs.audio_samples >= 0.9 * bad_inputs.sent_samples
 
 
 def test_a_client_secret_minted_by_a_backend_opens_one_session(server: RunningServer) -> None:
