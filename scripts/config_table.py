@@ -27,6 +27,8 @@ def _type_name(annotation: Any) -> str:
         return " or ".join(_type_name(a) for a in get_args(annotation) if a is not NoneType)
     if get_origin(annotation) is Literal:
         return " \\| ".join(f"`{a}`" for a in get_args(annotation))
+    if get_origin(annotation) is list:
+        return f"list[{_type_name(get_args(annotation)[0])}]"
     return {bool: "bool", int: "int", float: "float", str: "str", Path: "path"}.get(annotation, str(annotation))
 
 

@@ -31,12 +31,14 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         if kind is bool:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
                                 help=help_text)
+        elif get_origin(info.annotation) is list:  # repeat the flag once per item
+            item = get_args(info.annotation)[0]
+            choices = get_args(item) if get_origin(item) is Literal else None
+            parser.add_argument(flag, dest=name, action="append", type=str if choices else item, choices=choices,
+                                default=None, help=f"{info.description or ''} (env CONTEXTSPAN_{name.upper()} as a "
+                                "JSON list; repeatable)")
         elif get_origin(kind) is Literal:
             parser.add_argument(flag, dest=name, choices=get_args(kind), default=None, help=help_text)
-        elif get_origin(info.annotation) is list:  # repeat the flag once per item
-            parser.add_argument(flag, dest=name, action="append", type=get_args(info.annotation)[0], default=None,
-                                help=f"{info.description or ''} (env CONTEXTSPAN_{name.upper()} as a JSON list; "
-                                "repeatable)")
         else:
             parser.add_argument(flag, dest=name, type=Path if kind is Path else kind, default=None,
                                 help=help_text)

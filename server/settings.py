@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from frontend_model.engine.optimisations import Optimisation
+
 # Docker and Swarm secrets are files here, named like the variables in lower case (`contextspan_api_keys`): a key
 # read from a file never sits in the environment, an image layer or `docker inspect`.
 SECRETS_DIR = Path("/run/secrets")
@@ -121,6 +123,9 @@ class ServerSettings(BaseSettings):
                                    description="MCP servers (stdio commands) whose tools the agent may call")
     force_ret_frame: int | None = Field(
         None, ge=0, description="test hook: act as if the model emitted <ret> at this frame of every session")
+    fail_optimisations: list[Optimisation] = Field(
+        default_factory=list, description="test hook: these GPU optimisations fail as they start, on any device, so "
+        "that their eager fallback runs (docs/operations.md, When a GPU optimisation fails to start)")
     log_level: str = Field("info", description="debug, info, warning or error")
     log_json: bool = Field(False, description="one JSON object per log line, keyed by session_id")
 

@@ -31,6 +31,7 @@ from frontend_model.engine.engine import (
     SamplingConfig,
     StepResult,
 )
+from frontend_model.engine.optimisations import Optimisations
 from frontend_model.frame import FRAME_S
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.graphs import graph_path, to_host
@@ -70,8 +71,9 @@ class BatchEngine(Engine):
         cost: PrefillCost | None = None,
         frame_budget_s: float = FRAME_S,
         prefill: SpanPrefill = SpanPrefill.ONE_PASS,
+        optimisations: Optimisations | None = None,
     ) -> None:
-        super().__init__(model, sampling, max_span_frames, cost, frame_budget_s, prefill)
+        super().__init__(model, sampling, max_span_frames, cost, frame_budget_s, prefill, optimisations)
         if slots < 1:
             raise ValueError("a batch needs at least one slot")
         self.slots = slots
@@ -185,6 +187,7 @@ class BatchEngine(Engine):
                 self._step_rows(codes, self._one_hot(slot))
             except Exception as exc:
                 faults[slot] = RowFault(f"slot {slot}: {type(exc).__name__}: {exc}")
+                faults[slot].__cause__ = exc
                 self._faulted.add(slot)
             checkpoint.restore()
         if not faults:

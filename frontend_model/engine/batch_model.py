@@ -8,6 +8,7 @@ alone. Every method runs on the worker thread that owns the model.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,9 @@ import torch
 from frontend_model.engine.batch_engine import BatchEngine, RowFault
 from frontend_model.engine.chunked_prefill import SpanPrefill
 from frontend_model.engine.codec import BatchFrameCodec
-from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, SAMPLED, SamplingConfig
+from frontend_model.engine.device_memory import drop_streaming_state, release_memory
+from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, GREEDY, SAMPLED, SamplingConfig
+from frontend_model.engine.optimisations import Optimisations
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.graphs import to_host
@@ -45,17 +48,23 @@ class BatchedModel:
         cost: PrefillCost | None = None,
         frame_budget_s: float = FRAME_S,
         prefill: SpanPrefill = SpanPrefill.ONE_PASS,
+        optimisations: Optimisations | None = None,
     ) -> None:
         """`cost` and `frame_budget_s` cap a span so that its prefill fits the budget, `prefill` says how it is
-        written (see Engine)."""
+        written, `optimisations` which GPU optimisations are off (see Engine)."""
         self.model = model
         self.slots = slots
-        self.engine = BatchEngine(model, slots, sampling, max_span_frames, cost, frame_budget_s, prefill)
+        self.engine = BatchEngine(model, slots, sampling, max_span_frames, cost, frame_budget_s, prefill,
+                                  optimisations)
         self.codec = BatchFrameCodec(model.mimi, slots)
         self.frames_stepped = [0] * slots
 
+    @property
+    def optimisations(self) -> Optimisations:
+        return self.engine.optimisations
+
     def start(self) -> None:
-        self.codec.open()
+        self.codec.open(self.optimisations.enabled("step_graphs"))
         self.engine.start()
 
     def close(self) -> None:
@@ -63,11 +72,14 @@ class BatchedModel:
         self.codec.close()
 
     def warm_up(self, ticks: int = 3) -> None:
-        """First calls pay torch's lazy initialisation: pay it before a client's deadline depends on it. Every
-        slot is reset when a session opens it, so the warm-up leaves nothing behind."""
+        """First calls pay torch's lazy initialisation, and on a GPU capture the step graphs: pay it before a
+        client's deadline depends on it. Every slot is reset when a session opens it, so the warm-up leaves nothing
+        behind. No session runs yet, so a row that faults is the step itself failing: its RowFault is raised."""
         frames = dict.fromkeys(range(self.slots), np.zeros(FRAME_SAMPLES, np.float32))
         for _ in range(ticks):
-            self.tick(frames)
+            for output in self.tick(frames).values():
+                if isinstance(output, RowFault):
+                    raise output
 
     def open_slot(self, slot: int, prefix: Prefix | None, sampling: RowSampling | None = None) -> float:
         """A session takes `slot`: fresh state and its sampling, then its persona prefix; returns the prefill
@@ -155,3 +167,30 @@ class BatchedModel:
             else:
                 outputs[slot] = SlotOutput(None, None)
         return outputs
+
+
+def start_batch(make: Callable[[], BatchedModel]) -> BatchedModel:
+    """`make()` started and warmed up, which captures the step graphs on a GPU. Where that fails, the step graphs go
+    off (frontend_model/engine/optimisations.py) and a fresh batch starts eagerly; a failure of that is the model's,
+    and raised."""
+    batched = make()
+    if not batched.optimisations.enabled("step_graphs"):
+        return _warm(batched)
+    if batched.optimisations.attempt("step_graphs", lambda: _warm(batched)) is not None:
+        return batched
+    batched.close()
+    drop_streaming_state(batched.model.lm, batched.model.mimi)
+    release_memory(batched.model.device)
+    return _warm(make())
+
+
+def _warm(batched: BatchedModel) -> BatchedModel:
+    batched.start()
+    batched.warm_up()
+    return batched
+
+
+def capture_step_graphs(model: LoadedModel, optimisations: Optimisations, max_span_frames: int) -> None:
+    """Start the step graphs once on a batch of one before calibration, so that where they fail calibration measures
+    the eager step that will serve."""
+    start_batch(lambda: BatchedModel(model, 1, GREEDY, max_span_frames, optimisations=optimisations)).close()

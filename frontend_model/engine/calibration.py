@@ -15,6 +15,7 @@ from frontend_model.engine.batch_model import BatchedModel
 from frontend_model.engine.chunked_prefill import SpanPrefill, chunk_sizes, power_of_two_chunks
 from frontend_model.engine.device_memory import drop_streaming_state, release_memory
 from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, GREEDY, NO_FRAME_BUDGET, Engine
+from frontend_model.engine.optimisations import Optimisations
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.span.block import Block
@@ -115,16 +116,19 @@ def filler_block(model: LoadedModel, frames: int) -> Block:
 
 
 @torch.no_grad()
-def calibrate_prefill(model: LoadedModel, max_frames: int, repeats: int = 3) -> PrefillCost:
+def calibrate_prefill(model: LoadedModel, max_frames: int, repeats: int = 3,
+                      optimisations: Optimisations | None = None) -> PrefillCost:
     """Cost of one step, of a one-pass span(n) + step for power-of-two n, and of a chunked span of one chunk of each
-    size + step, measured on a scratch engine, so that the served one writes each span the faster way.
+    size + step (none where the chunks failed to start), measured on a scratch engine, so that the served one writes
+    each span the faster way.
 
     Best of `repeats`, which is robust to a noisy shared machine. Runs while no session holds the model (at
     startup), since an engine owns the model's streaming state.
     """
     sync = device_sync(model.device)
     user = torch.tensor(model.span.sine_codes)
-    with Engine(model, GREEDY, max_span_frames=max_frames, prefill=SpanPrefill.CHUNKED) as engine:
+    with Engine(model, GREEDY, max_span_frames=max_frames, prefill=SpanPrefill.CHUNKED,
+                optimisations=optimisations) as engine:
         for _ in range(3):
             engine.step(user)
         step = min(time_call(lambda: engine.step(user), sync) for _ in range(repeats * 3))
@@ -137,7 +141,7 @@ def calibrate_prefill(model: LoadedModel, max_frames: int, repeats: int = 3) -> 
             return min(time_call(lambda: (engine.inject(block), engine.step(user)), sync) for _ in range(repeats))
 
         spans = {n: span_cost(n, SpanPrefill.ONE_PASS) for n in calibration_sizes(max_frames)}
-        chunks = {n: span_cost(n, SpanPrefill.CHUNKED) for n in chunk_sizes(max_frames)}
+        chunks = {n: span_cost(n, SpanPrefill.CHUNKED) for n in chunk_sizes(max_frames)} if engine.chunked else {}
     return PrefillCost(step_s=step, span_s=spans, chunk_s=chunks)
 
 
@@ -163,6 +167,30 @@ class TickCost:
         return budget_s - self.tick(batch) + self.prefill.step_s
 
 
+def assumed_cost(tick_s: float) -> TickCost:
+    """What a server that could not calibrate assumes: every tick takes `tick_s` whatever its batch, and a span adds
+    nothing to it, so admission and the span cap are as fixed ones would be (max_sessions, max_span_frames)."""
+    return TickCost({1: tick_s}, PrefillCost(step_s=tick_s, span_s={1: tick_s}))
+
+
+def calibrate_costs(model: LoadedModel, sizes: list[int], tick_limit_s: float, max_span_frames: int,
+                    optimisations: Optimisations) -> TickCost:
+    """What a span (calibrate_prefill) and a tick of each batch size (calibrate_ticks, stopping past `tick_limit_s`)
+    cost. Where measuring fails, calibration goes off and every tick is assumed to take `tick_limit_s`."""
+    def measure() -> TickCost:
+        prefill = calibrate_prefill(model, max_span_frames, optimisations=optimisations)
+        ticks = calibrate_ticks(model, sizes, stop_above_s=tick_limit_s, max_span_frames=max_span_frames,
+                                optimisations=optimisations)
+        return TickCost(ticks.ticks, prefill, ticks.memory_slots)
+
+    cost = optimisations.attempt("calibration", measure)
+    if cost is not None:
+        return cost
+    drop_streaming_state(model.lm, model.mimi)  # an engine that failed to start may have left some
+    release_memory(model.device)
+    return assumed_cost(tick_limit_s)
+
+
 def tick_sizes(max_batch: int) -> list[int]:
     """Powers of two up to `max_batch`, and `max_batch`: never more rows than the server may serve, so calibration
     needs no memory that serving would not (the tick of one more is extrapolated where a refusal reports it)."""
@@ -177,7 +205,8 @@ class TickCalibration:
 
 @torch.no_grad()
 def calibrate_ticks(model: LoadedModel, sizes: list[int], repeats: int = 9, stop_above_s: float | None = None,
-                    max_span_frames: int = DEFAULT_MAX_SPAN_FRAMES) -> TickCalibration:
+                    max_span_frames: int = DEFAULT_MAX_SPAN_FRAMES,
+                    optimisations: Optimisations | None = None) -> TickCalibration:
     """Seconds of one tick (encode, step, decode) with all `b` slots stepping, for each b in `sizes` (ascending).
 
     Best of `repeats`, like calibrate_prefill: a noisy neighbour must not shrink the server's capacity. Sizes past
@@ -186,44 +215,47 @@ def calibrate_ticks(model: LoadedModel, sizes: list[int], repeats: int = 9, stop
     fitted and that one, instead of failing the load. One batch is alive at a time, on the model's own weights.
     The KV rings are widened by `max_span_frames` as the served ones are, since a step attends over the whole ring.
     """
+    def batch_of(rows: int) -> BatchedModel:
+        return BatchedModel(model, rows, GREEDY, max_span_frames, optimisations=optimisations)
+
     ticks: dict[int, float] = {}
     fits = 0
     for batch in sizes:
-        tick = _tick_or_oom(model, batch, repeats, max_span_frames)
+        tick = _tick_or_oom(batch_of(batch), repeats)
         if tick is None:
-            return _memory_bound(model, ticks, fits, batch, repeats, max_span_frames)
+            return _memory_bound(model.device, batch_of, ticks, fits, batch, repeats)
         ticks[batch], fits = tick, batch
         if stop_above_s is not None and tick > stop_above_s:
             break
     return TickCalibration(ticks, None)
 
 
-def _memory_bound(model: LoadedModel, ticks: dict[int, float], fits: int, too_many: int, repeats: int,
-                  max_span_frames: int) -> TickCalibration:
+def _memory_bound(device: torch.device, batch_of: Callable[[int], BatchedModel], ticks: dict[int, float], fits: int,
+                  too_many: int, repeats: int) -> TickCalibration:
     """Bisect between a batch that fitted and one that did not, measuring the ones that fit."""
     while too_many - fits > 1:
         batch = (fits + too_many) // 2
-        tick = _tick_or_oom(model, batch, repeats, max_span_frames)
+        tick = _tick_or_oom(batch_of(batch), repeats)
         if tick is None:
             too_many = batch
         else:
             ticks[batch], fits = tick, batch
     if fits == 0:
-        raise torch.OutOfMemoryError(f"not even one session fits the memory of {model.device}")
-    logger.warning("a batch of %d session(s) does not fit the memory of %s: calibrated up to %d", too_many,
-                   model.device, fits)
+        raise torch.OutOfMemoryError(f"not even one session fits the memory of {device}")
+    logger.warning("a batch of %d session(s) does not fit the memory of %s: calibrated up to %d", too_many, device,
+                   fits)
     return TickCalibration(ticks, fits)
 
 
-def _tick_or_oom(model: LoadedModel, batch: int, repeats: int, max_span_frames: int) -> float | None:
-    """Best tick of `batch` rows, or None when they do not fit the device's memory (everything they took freed)."""
+def _tick_or_oom(batched: BatchedModel, repeats: int) -> float | None:
+    """Best tick of the batch's rows, or None when they do not fit the device's memory (everything they took freed)."""
+    model = batched.model
     sync = device_sync(model.device)
     pcm = np.zeros(FRAME_SAMPLES, np.float32)
-    batched = BatchedModel(model, batch, GREEDY, max_span_frames)
     try:
         batched.start()
         batched.warm_up()
-        frames = dict.fromkeys(range(batch), pcm)
+        frames = dict.fromkeys(range(batched.slots), pcm)
         return min(time_call(lambda: batched.tick(frames), sync) for _ in range(repeats))
     except torch.OutOfMemoryError:
         pass  # freed below, once the exception and the frames it holds are gone

@@ -140,23 +140,26 @@ def _copy_row(state: Any, scratch: Any, pair: _Pair, row: int, into_scratch: boo
 
 
 class ChunkedPrefill:
-    """The scratch row and one graphed `forward_last` per chunk size, for an engine whose LM is streaming."""
+    """One graphed `forward_last` per chunk size on a scratch row, for an engine whose LM is streaming; captured as
+    it is built, so that an engine holds chunk graphs only where they captured (frontend_model/engine/optimisations.py:
+    where the scratch row or a capture fails, spans go in one pass)."""
 
-    def __init__(self, lm: LMModel, max_frames: int) -> None:
+    def __init__(self, lm: LMModel, scratch: ScratchRow, max_frames: int) -> None:
         self.lm = lm
         self.sizes = chunk_sizes(max_frames)
-        self.scratch = ScratchRow(lm.transformer)
+        self.scratch = scratch
         cuda = next(lm.parameters()).device.type == "cuda"
         self._graphs: dict[int, Callable[..., Any]] = {}
         for size in self.sizes:
             graphed = CUDAGraphed(self._chunk, warmup_steps=1, disable=not cuda)
             self._graphs[size] = ReplayedGraph(graphed) if replay_outputs() else graphed
+        self._capture()
 
     def _chunk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return forward_last(self.lm, x)
 
     @torch.no_grad()
-    def capture(self) -> None:
+    def _capture(self) -> None:
         """Warm up and capture every size's graph now, not inside a session's deadline (eager on CPU: only the first
         calls' lazy initialisation is paid)."""
         param = next(self.lm.parameters())

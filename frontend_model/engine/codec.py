@@ -10,7 +10,7 @@ import torch
 from moshi.models.compression import MimiModel
 
 from frontend_model.frame import FRAME_SAMPLES
-from frontend_model.moshi_internals.graphs import graph_path, replay_graphs
+from frontend_model.moshi_internals.graphs import graph_path, set_up_graphs
 from frontend_model.moshi_internals.row_view import active_rows, rows
 
 
@@ -26,7 +26,7 @@ class FrameCodec:
         if self._stream is not None:
             raise RuntimeError("codec already open")
         self._stream = self.mimi.streaming(1)
-        replay_graphs(self.mimi)
+        set_up_graphs(self.mimi, graphed=True)
 
     def close(self) -> None:
         if self._stream is not None:
@@ -58,11 +58,12 @@ class BatchFrameCodec:
         self.compact = not graph_path(self.device)  # as in BatchEngine
         self._stream: ExitStack | None = None
 
-    def open(self) -> None:
+    def open(self, graphed: bool = True) -> None:
+        """`graphed` False: Mimi runs eagerly (the step graphs failed to capture)."""
         if self._stream is not None:
             raise RuntimeError("codec already open")
         self._stream = self.mimi.streaming(self.slots)
-        replay_graphs(self.mimi)
+        set_up_graphs(self.mimi, graphed)
 
     def close(self) -> None:
         if self._stream is not None:

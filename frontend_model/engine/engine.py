@@ -18,17 +18,18 @@ runs it in one pass and samples the pending column from its last position.
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from moshi.models.lm import LMGen
 
-from frontend_model.engine.chunked_prefill import ChunkedPrefill, SpanPrefill
+from frontend_model.engine.chunked_prefill import ChunkedPrefill, ScratchRow, SpanPrefill
 from frontend_model.engine.columns import delayed_columns, embed_columns, forward_last, initial_columns
+from frontend_model.engine.optimisations import Optimisation, Optimisations
 from frontend_model.frame import FRAME_S
 from frontend_model.loading.loader import LoadedModel
-from frontend_model.moshi_internals.graphs import replay_graphs
+from frontend_model.moshi_internals.graphs import set_up_graphs
 from frontend_model.moshi_internals.kv_ring import wide_rings
 from frontend_model.moshi_internals.row_sampling import RowSampler, RowSampling, SamplingConfig, Stream
 from frontend_model.moshi_internals.row_view import rows
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_SPAN_FRAMES = 640
 NO_FRAME_BUDGET = "no_frame_budget"
+CHUNK_OPTIMISATIONS: tuple[Optimisation, ...] = ("scratch_row", "prefill_graphs")
 
 
 class EngineStateError(RuntimeError):
@@ -65,6 +67,8 @@ class Engine:
     `prefill` chooses how spans and prefixes are written (frontend_model/engine/chunked_prefill.py): CHUNKED builds
     the chunk
     graphs at `start`; FASTER picks per length by `cost` and builds them only if chunks win for some length.
+    `optimisations` is the record of the GPU optimisations this model's engines start with (a fresh one when None):
+    one that failed is off, and the engine takes its eager path (frontend_model/engine/optimisations.py).
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class Engine:
         cost: PrefillCost | None = None,
         frame_budget_s: float = FRAME_S,
         prefill: SpanPrefill = SpanPrefill.ONE_PASS,
+        optimisations: Optimisations | None = None,
     ) -> None:
         if model.lm.dep_q != model.span.agent_codebooks:
             raise ValueError(
@@ -84,11 +89,12 @@ class Engine:
                 "(frontend_model.moshi_internals.depformer.run_depformer_for_agent_only)"
             )
         self.model = model
+        self.optimisations = optimisations or Optimisations(cuda=model.device.type == "cuda")
         self.span = model.span
         self.max_span_frames = max_span_frames
         self.cost = cost
         self.frame_budget_s = frame_budget_s
-        # Most frames a span may have so that its prefill and the next step keep the frame slot (fixed per engine).
+        # Most frames a span may have so that its prefill and the next step keep the frame slot (fixed once started).
         self.prefill_mode = prefill
         self.span_frame_cap = cost.max_frames(frame_budget_s, max_span_frames, prefill) if cost else max_span_frames
         self._forbidden = model.agent_text.non_text
@@ -122,10 +128,11 @@ class Engine:
         with wide_rings(self.model.lm.transformer, self.max_span_frames) as capacity:
             self._stream = self.lm_gen.streaming(self.slots)
         self.kv_capacity = capacity
-        replay_graphs(self.lm_gen)
+        set_up_graphs(self.lm_gen, self.optimisations.enabled("step_graphs"))
         if self._may_chunk():
-            self.chunked = ChunkedPrefill(self.model.lm, self.max_span_frames)
-            self.chunked.capture()
+            self.chunked = self._chunked_prefill()
+        if self.chunked is None:
+            self._one_pass()
         self.sampler = RowSampler(self.slots, RowSampling.from_config(self.sampling), self.model.device)
         self._started = True
 
@@ -246,6 +253,25 @@ class Engine:
             return True
         return self.prefill_mode is SpanPrefill.FASTER and any(self._chunks(n)
                                                                for n in range(1, self.max_span_frames + 1))
+
+    def _one_pass(self) -> None:
+        """No chunks were built (not wanted, or they failed to start): spans go in one pass, and the cap counts what
+        one pass costs."""
+        for name in CHUNK_OPTIMISATIONS:
+            self.optimisations.unused(name)
+        if self.cost is not None and self.cost.chunk_s:
+            self.cost = replace(self.cost, chunk_s={})
+            self.span_frame_cap = self.cost.max_frames(self.frame_budget_s, self.max_span_frames, self.prefill_mode)
+
+    def _chunked_prefill(self) -> ChunkedPrefill | None:
+        """The scratch row and the chunk graphs captured on it; None, and spans in one pass, where either fails."""
+        lm, optimisations = self.model.lm, self.optimisations
+        if not optimisations.enabled("prefill_graphs"):
+            return None  # no scratch row for chunks that cannot run
+        scratch = optimisations.attempt("scratch_row", lambda: ScratchRow(lm.transformer))
+        if scratch is None:
+            return None
+        return optimisations.attempt("prefill_graphs", lambda: ChunkedPrefill(lm, scratch, self.max_span_frames))
 
     def _chunks(self, frames: int) -> bool:
         """Whether a fast prefill of `frames` positions goes in chunks (by the mode, and for FASTER the cost)."""

@@ -86,14 +86,20 @@ class ReplayedGraph:
         return self._output
 
 
-def replay_graphs(root: StreamingModule) -> None:
-    """Swap every `CUDAGraphed` in the streaming states under `root` for a `ReplayedGraph` (replay mode only)."""
-    if not replay_outputs():
+def set_up_graphs(root: StreamingModule, graphed: bool) -> None:
+    """Every `CUDAGraphed` in the streaming states under `root` as this run uses it: eager where not `graphed` (the
+    fallback where the step graphs failed to capture: moshi then calls each function itself), swapped for a
+    `ReplayedGraph` in replay mode, else as moshi made it."""
+    if graphed and not replay_outputs():
         return
     for module in root.modules():
         state = getattr(module, "_streaming_state", None) if isinstance(module, StreamingModule) else None
         if state is None:
             continue
         for name, value in vars(state).items():
-            if isinstance(value, CUDAGraphed):
+            if not isinstance(value, CUDAGraphed):
+                continue
+            if graphed:
                 setattr(state, name, ReplayedGraph(value))
+            else:
+                value.disable = True

@@ -8,7 +8,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -18,14 +18,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.websockets import WebSocketDisconnect
 
 from frontend_model.engine.batch_engine import RowFault
-from frontend_model.engine.batch_model import BatchedModel
-from frontend_model.engine.calibration import (
-    TickCost,
-    calibrate_prefill,
-    calibrate_ticks,
-    no_span_budget_warning,
-    tick_sizes,
-)
+from frontend_model.engine.batch_model import BatchedModel, capture_step_graphs, start_batch
+from frontend_model.engine.calibration import TickCost, calibrate_costs, no_span_budget_warning, tick_sizes
 from frontend_model.engine.chunked_prefill import SpanPrefill
 from frontend_model.engine.device_memory import (
     DeviceMemory,
@@ -36,6 +30,7 @@ from frontend_model.engine.device_memory import (
     set_device,
     weight_bytes,
 )
+from frontend_model.engine.optimisations import Optimisations
 from frontend_model.loading.loader import LoadedModel, ModelLoadError, default_device, load_model
 from frontend_model.span.build import MIN_SPAN_FRAMES
 from server.batching.batcher import Batcher
@@ -78,6 +73,7 @@ class ServerState:
     backend: Backend | None = None
     memory: DeviceMemory | None = None  # the model's device memory when its batch started (memory_report)
     trigger: ResolvedTrigger | None = None  # resolved for the loaded checkpoint (server/session/trigger.py)
+    optimisations: Optimisations | None = None  # which GPU optimisations started, for the loaded model's device
     sessions: dict[str, Session] = field(default_factory=dict)
     tokens: auth.TokenIssuer = field(init=False)
     signer: auth.RecordingSigner = field(default_factory=auth.RecordingSigner)
@@ -138,8 +134,10 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
         load = model_loader(settings, profile, checkpoint)
         model = preloaded or await asyncio.to_thread(load)
         worker = ModelWorker(str(model.device))
-        cost = await calibrate(state, model, worker)
-        state.batcher = await start_batcher(state, model, worker, cost)
+        optimisations = Optimisations(model.device.type == "cuda", frozenset(settings.fail_optimisations))
+        state.optimisations = optimisations
+        cost = await calibrate(state, model, worker, optimisations)
+        state.batcher = await start_batcher(state, model, worker, cost, optimisations)
         state.backend = await asyncio.to_thread(Backend.create, settings)
         await asyncio.to_thread(state.backend.warm_up)
         trigger = resolve_trigger(settings.trigger, model.layout, settings.force_ret_frame is not None)
@@ -163,30 +161,33 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
     return load
 
 
-async def calibrate(state: ServerState, model: LoadedModel, worker: ModelWorker) -> TickCost:
-    """What a span and a tick of each batch size cost on this machine; sizes stop past the tick's share."""
-    max_sessions = state.settings.max_sessions
-    limit_s = state.settings.deadline_ms / 1e3 * TICK_SHARE
-    prefill = await worker.run(lambda: calibrate_prefill(model, state.settings.max_span_frames))
-    ticks = await worker.run(lambda: calibrate_ticks(model, tick_sizes(max_sessions), stop_above_s=limit_s,
-                                                       max_span_frames=state.settings.max_span_frames))
-    return TickCost(ticks.ticks, prefill, ticks.memory_slots)
+async def calibrate(state: ServerState, model: LoadedModel, worker: ModelWorker,
+                    optimisations: Optimisations) -> TickCost:
+    """What a span and a tick of each batch size cost on this machine; sizes stop past the tick's share. The step
+    graphs start first, so that where they fail the eager step that will serve is what is measured."""
+    settings = state.settings
+    limit_s = settings.deadline_ms / 1e3 * TICK_SHARE
+    await worker.run(lambda: capture_step_graphs(model, optimisations, settings.max_span_frames))
+    return await worker.run(lambda: calibrate_costs(model, tick_sizes(settings.max_sessions), limit_s,
+                                                    settings.max_span_frames, optimisations))
 
 
-async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWorker, cost: TickCost) -> Batcher:
-    """As many slots as admission allows, in one batched model, warmed up and ticking."""
+async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWorker, cost: TickCost,
+                        optimisations: Optimisations) -> Batcher:
+    """As many slots as admission allows, in one batched model, warmed up and ticking; without the optimisations
+    that failed to start."""
     settings = state.settings
     budget_s = settings.deadline_ms / 1e3
     admitted = admit(settings.admission, cost.tick, budget_s, settings.max_sessions, cost.memory_slots)
     span_budget_s = cost.span_budget(budget_s, admitted.slots)
     # A fixed cap is an unbounded budget: spans still go the way calibration measured faster, as the scheduler expects.
-    batched = BatchedModel(model, admitted.slots, max_span_frames=settings.max_span_frames, cost=cost.prefill,
-                           frame_budget_s=span_budget_s if settings.span_cap == "calibrated" else math.inf,
-                           prefill=SpanPrefill(settings.span_prefill))
+    batched = await worker.run(lambda: start_batch(lambda: BatchedModel(
+        model, admitted.slots, max_span_frames=settings.max_span_frames, cost=cost.prefill,
+        frame_budget_s=span_budget_s if settings.span_cap == "calibrated" else math.inf,
+        prefill=SpanPrefill(settings.span_prefill), optimisations=optimisations)))
+    cost = replace(cost, prefill=batched.engine.cost or cost.prefill)  # one-pass costs where its chunks did not start
     if batched.span_frame_cap < MIN_SPAN_FRAMES:
         logger.warning(no_span_budget_warning(cost.prefill, span_budget_s))
-    await worker.run(batched.start)
-    await worker.run(batched.warm_up)
     per_session = session_bytes(model.lm, model.mimi, settings.max_span_frames).total
     scratch = batched.scratch_bytes()
     state.memory = await worker.run(lambda: device_memory(model.lm, model.mimi, per_session, scratch))
@@ -235,7 +236,7 @@ async def watch_worker(state: ServerState, make_model: Callable[[], LoadedModel]
             logger.error("model worker not restarted: %s", refusal)
             return
         model = await asyncio.to_thread(make_model)
-        state.batcher = await start_batcher(state, model, worker, batcher.cost)
+        state.batcher = await start_batcher(state, model, worker, batcher.cost, batcher.model.optimisations)
         state.model = model
         logger.info("model worker restarted; %d slot(s) ready again", state.batcher.size)
 
@@ -301,6 +302,8 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
     async def metrics() -> Response:
         state.metrics.sessions_active.set(len(state.sessions))
         state.metrics.set_memory(memory_report(state))
+        if state.optimisations is not None:
+            state.metrics.set_optimisations(state.optimisations.status())
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/api/token")
@@ -441,6 +444,7 @@ def _info(state: ServerState) -> dict[str, object]:
         "auth": bool(state.settings.api_keys),
         "draining": state.draining,
         "memory": memory.as_dict() if (memory := memory_report(state)) else None,
+        "optimisations": state.optimisations.status() if state.optimisations else None,
     }
 
 

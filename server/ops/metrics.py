@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from frontend_model.engine.optimisations import ACTIVE
+
 if TYPE_CHECKING:
     from frontend_model.engine.device_memory import DeviceMemory
 
@@ -78,6 +80,15 @@ class Metrics:
             "contextspan_memory_session_capacity", "Sessions whose state fits the device's memory beside the weights",
             registry=r,
         )
+        self.optimisation_active = Gauge(
+            "contextspan_optimisation_active", "GPU optimisations running (1) or not (0: off after a failed start, "
+            "unused, or not applicable); /readyz says why", ["name"], registry=r,
+        )
+
+    def set_optimisations(self, status: dict[str, str]) -> None:
+        """1 for each GPU optimisation that runs, 0 for one that is off, unused or not applicable (/readyz: why)."""
+        for name, state in status.items():
+            self.optimisation_active.labels(name).set(int(state == ACTIVE))
 
     def set_memory(self, memory: DeviceMemory | None) -> None:
         if memory is None:
