@@ -32,6 +32,8 @@ from benchmarks.harness import StreamResult, start_server, stop_server, stream
 from benchmarks.report import machine_info, save_json
 from contextspan_client import chat_url
 from frontend_model.frame import FRAME_S, SAMPLE_RATE
+from frontend_model.span.contract import CONTRACTS
+from frontend_model.training.data import reply_to
 from frontend_model.training.recipes import HELD_OUT_VOICES, draw_chatter, draw_exchange
 from frontend_model.training.speech import Voice, speak
 
@@ -113,10 +115,11 @@ class Turn:
     heard: str | None  # the question the agent was asked (the transcript)
     span: str | None
     said: str  # the agent's text after the span
-    recall: float  # span words said in order, 0..1
+    recall: float  # the words the span should be answered with, said in order, 0..1
     ret_ms: float | None  # end of question -> `<ret>`
     span_ms: float | None  # `<ret>` -> span injected
     first_word_ms: float | None  # span injected -> the first answer word
+    dropped: str | None = None  # why no span went in, when one was dropped
 
     @property
     def answer(self) -> list[str]:
@@ -128,14 +131,17 @@ def score(question: str, question_end_s: float, result: StreamResult) -> Turn:
     questions = result.of_type("question")
     spans = result.of_type("span.injected")
     if not spans:
+        dropped = next((f"{e.reason}: {e.text}" for e in result.of_type("span.dropped") if e.reason != IN_FLIGHT),
+                       None)
         return Turn(question, bool(rets), questions[0].text if questions else None, None, "", 0.0,
-                    _ms(rets[0].t - question_end_s) if rets else None, None, None)
+                    _ms(rets[0].t - question_end_s) if rets else None, None, None, dropped)
     span = spans[0]
     after = [e for e in result.of_type("agent.text") if e.frame >= span.step]
     said = "".join(e.text for e in after)
     first = next((e for e in after if words(e.text)), None)
+    expected = reply_to(span.text, CONTRACTS["contextspan"])
     return Turn(question, bool(rets), questions[0].text if questions else None, span.text, said.strip(),
-                in_order_recall(words(span.text), words(said)), _ms(rets[0].t - question_end_s) if rets else None,
+                in_order_recall(words(expected), words(said)), _ms(rets[0].t - question_end_s) if rets else None,
                 _ms(span.t - rets[0].t) if rets else None, _ms(first.t - span.t) if first else None)
 
 

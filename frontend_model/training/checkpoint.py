@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 from moshi.models import loaders
 
+from backend_agent import router
+from backend_agent.tools import arithmetic, clock, date, numbers, places, time_in_place, unit_conversion
 from frontend_model.loading import tiny_files
 from frontend_model.loading.checkpoint.files import CONTEXT_SPANNING_WEIGHTS, OWN_CONFIG
 from frontend_model.loading.loader import load_model
@@ -36,8 +38,9 @@ from frontend_model.training.trainer import TrainConfig, Trained, train
 
 VOICE_NAME = "agent"
 REPORT = "training.json"
-# Every module whose code shapes the training data or the weights.
-_SOURCES = (convention, block, build, config, normaliser, tiny_files, data, recipes, speech, trainer)
+# Every module whose code shapes the training data or the weights (the router and its tools write the spans).
+_SOURCES = (convention, block, build, config, normaliser, tiny_files, data, recipes, speech, trainer, router,
+            arithmetic, clock, date, numbers, places, time_in_place, unit_conversion)
 
 
 def cache_key(train_config: TrainConfig) -> str:

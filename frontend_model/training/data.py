@@ -3,9 +3,13 @@ the engine is tested against) into the columns the temporal transformer reads wh
 from the serving code's `build_prefix`, span blocks built from text as the server builds them, the MOVE rule.
 
 In a turn the user asks a question (espeak-ng speech encoded by the tiny Mimi), the agent's text row carries `<ret>`
-`RET_OFFSET` frames after the question's speech ends, a span with the answer arrives 1..`max_gap` frames later, and
-the agent's text row then says the span's tokens one a frame, from the column right after the block, while the
-user is quiet. Chatter (statements) and silence ask nothing. Prefix and span columns carry no loss; `<ret>` is
+`RET_OFFSET` frames after the question's speech ends, a span arrives 1..`max_gap` frames later, and the agent's text
+row then says the answer's tokens one a frame, from the column right after the block, while the user is quiet.
+Spans are written by the model's span contract, as the server writes them: a tool's answer behind the tool prefix
+(the agent says the answer, not the prefix), sometimes the abstain span (the agent says `ABSTAIN_REPLY`); in other
+turns an app pushes a span with no question and no `<ret>` (`span.inject`: its text as pushed, said as it is). The
+persona prefix is mostly the contract's default persona with the checkpoint's voice, what a session that names
+neither gets. Chatter (statements) and long silences ask nothing. Prefix and span columns carry no loss; `<ret>` is
 weighted up and padding down, as the reference's fine-tuning weights them.
 """
 
@@ -24,10 +28,18 @@ from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.span.block import Prefix
 from frontend_model.span.build import build_prefix
 from frontend_model.span.config import SpanConfig
+from frontend_model.span.contract import SpanContract
 from frontend_model.span.convention import Assembled, Conversation, LossWeights, SpanAt, assemble
 from frontend_model.span.text_ids import non_text_ids
 from frontend_model.span.voice_prompt import VoicePrompt
-from frontend_model.training.recipes import Split, draw_chatter, draw_exchange, draw_voice
+from frontend_model.training.recipes import (
+    Split,
+    app_text,
+    draw_chatter,
+    draw_exchange,
+    draw_voice,
+    tool_answer,
+)
 from frontend_model.training.speech import Voice, speak
 
 RET_OFFSET = 2  # frames between the end of a question's speech and `<ret>` on the agent's text row
@@ -38,6 +50,18 @@ LEAD_FRAMES = 3  # silence before speech when encoding, so the codec's causal st
 TAIL_FRAMES = 6  # silence after speech kept with the utterance: the codec's decay into steady silence
 PERSONAS = ("", "You are a helpful assistant.", "You are a friendly voice assistant. Answer briefly.",
             "You answer questions about time, dates and numbers.")
+ABSTAIN_REPLY = "Sorry, I could not find that."
+ABSTAIN_SHARE = 0.1  # question turns whose span is the abstain span
+APP_SHARE = 0.12  # turns where an app pushes a span (no question, no `<ret>`)
+QUIET_SHARE = 0.15  # turns that ask nothing: a long stretch of silence
+CHATTER_SHARE = 0.3  # turns that start with a statement
+
+
+def reply_to(span_text: str, contract: SpanContract) -> str:
+    """What the agent is trained to say after a span whose (normalised) text is `span_text`."""
+    if contract.abstain_text and span_text == contract.abstain_text:
+        return ABSTAIN_REPLY
+    return span_text.removeprefix(contract.tool_prefix)
 
 
 @dataclass(frozen=True)
@@ -150,18 +174,38 @@ class Assembler:
         return frames
 
     def prefix(self, rng: random.Random) -> Prefix | None:
-        persona = rng.choice(PERSONAS)
-        voice = self.voice if rng.random() < 0.3 else None
+        """The contract's default persona and voice half the time (a session that names neither), else another."""
+        contract = self.span.contract
+        persona = contract.persona_text(None) if rng.random() < 0.5 else rng.choice(PERSONAS)
+        voice = self.voice if rng.random() < 0.7 else None
         return build_prefix(persona, self.tokenizer, self.span, voice, self.delays, self.forbidden)
 
-    def conversation(self, rng: random.Random, corpus: Corpus, split: Split, max_gap: int, turns: int,
+    def span_and_reply(self, rng: random.Random, frame: int, app: bool) -> tuple[SpanAt, list[int]]:
+        """A span as the server writes it before `frame`, and the text ids the agent says after it: an app's text
+        as pushed, else a tool's answer behind the tool prefix or the abstain span. The answer is drawn afresh for
+        every turn: the model must copy it, it cannot memorise it."""
+        contract = self.span.contract
+        if app:
+            text = reply = app_text(rng)
+        elif contract.abstain_text and rng.random() < ABSTAIN_SHARE:
+            text, reply = contract.abstain_text, ABSTAIN_REPLY
+        else:
+            reply = tool_answer(rng)
+            text = contract.span_text(reply, tool_result=True)
+        block = SpanAt.from_text(frame, text, self.tokenizer, self.span, MAX_SPAN_FRAMES)
+        said = SpanAt.from_text(frame, reply, self.tokenizer, self.span, MAX_SPAN_FRAMES)
+        return block, list(said.text_ids[1:-1])
+
+    def conversation(self, rng: random.Random, corpus: Corpus, max_gap: int, turns: int,
                      window: int | None = None) -> Sequence:
-        """One or more turns after an optional persona prefix; a turn may be chatter or silence only. `window`
-        keeps the last columns only (training cost), as a long session's window reads them."""
-        prefix = self.prefix(rng) if rng.random() < 0.3 else None
+        """One or more turns after an optional persona prefix: a question answered by a span, an app's span, or a
+        long silence, any of them after a statement. `window` keeps the last columns only (training cost), as a
+        long session's window reads them."""
+        prefix = self.prefix(rng) if rng.random() < 0.7 else None
         parts: list[torch.Tensor] = []
         rets: list[int] = []
         spans: list[SpanAt] = []
+        replies: list[int] = []
         at = 0
 
         def add(frames: torch.Tensor) -> None:
@@ -171,31 +215,35 @@ class Assembler:
 
         for _ in range(turns):
             add(self.quiet(rng.randint(2, 12)))
-            if rng.random() < 0.2 and corpus.chatter:
+            if rng.random() < CHATTER_SHARE and corpus.chatter:
                 add(self.speech(rng.choice(corpus.chatter)))
                 add(self.quiet(rng.randint(3, 8)))
-            if rng.random() < 0.15:  # asks nothing this turn
+            kind = rng.random()
+            if kind < QUIET_SHARE:
+                add(self.quiet(rng.randint(10, 60)))
                 continue
-            utterance = rng.choice(corpus.questions).utterance
-            start = at
-            add(self.speech(utterance))
-            ret = start + utterance.speech_frames + RET_OFFSET
-            inject = ret + rng.randint(1, max_gap)
-            # The answer is drawn afresh for every conversation: the model must copy it, it cannot memorise it.
-            block = SpanAt.from_text(inject, draw_exchange(rng, split).answer, self.tokenizer, self.span,
-                                     MAX_SPAN_FRAMES)
-            answer = list(block.text_ids[1:-1])
+            app = kind < QUIET_SHARE + APP_SHARE
+            if app:
+                inject = at + rng.randint(1, 12)
+            else:
+                utterance = rng.choice(corpus.questions).utterance
+                start = at
+                add(self.speech(utterance))
+                ret = start + utterance.speech_frames + RET_OFFSET
+                inject = ret + rng.randint(1, max_gap)
+                rets.append(ret)
+            block, answer = self.span_and_reply(rng, inject, app)
             add(self.quiet(max(inject + len(answer) + rng.randint(2, 8) - at, 0)))
             frames = torch.cat(parts, dim=1)
             frames[0, inject:inject + len(answer)] = torch.tensor(answer)
             parts = [frames]
-            rets.append(ret)
             spans.append(block)
+            replies.append(len(answer))
         frames = torch.cat(parts, dim=1)
         a = self.span.agent_codebooks
         conversation = Conversation(frames[0], frames[1:1 + a], frames[1 + a:], tuple(rets), tuple(spans), prefix)
         sequence = self.layout(assemble(conversation, self.span, LossWeights(ret=RET_WEIGHT, pad=PAD_WEIGHT)),
-                               [(s.frame, len(s.text_ids) - 2) for s in spans])
+                               [(s.frame, n) for s, n in zip(spans, replies, strict=True)])
         return sequence if window is None else sequence.last(window)
 
     def layout(self, assembled: Assembled, answers: list[tuple[int, int]]) -> Sequence:

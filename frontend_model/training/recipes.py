@@ -1,7 +1,10 @@
 """What the synthetic conversations say: questions the built-in router answers (time in a place, arithmetic, unit
-conversion, dates), the answers' text in the tools' style with values drawn at random, and chatter that asks
-nothing. Training and held-out sets differ in sentences, places, numbers and voices, so a test on the held-out
-set asks questions the model never heard.
+conversion, dates), the spans those questions get, and chatter that asks nothing. Training and held-out questions
+differ in sentences, places, numbers and voices, so a test on the held-out set asks questions the model never heard.
+
+A span's text is what the built-in router writes when it serves (`tool_answer`: the real tools, at a random instant),
+for a question drawn over the tools' whole range of places and numbers, held-out ones included: a deployed model
+copies whatever a tool returns, so the words it copies are not held out, the questions it hears are.
 
 Pure: a `random.Random` in, text out.
 """
@@ -10,8 +13,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+from backend_agent.router import Router
+from backend_agent.tools import build_catalogue
 from frontend_model.training.speech import Voice
 
 Split = Literal["train", "held_out"]
@@ -19,13 +25,9 @@ Split = Literal["train", "held_out"]
 _TRAIN_CITIES = ["Tokyo", "Paris", "London", "Berlin", "Madrid", "Rome", "Sydney", "Chicago", "Toronto", "Dubai",
                  "Mumbai", "Seoul", "Cairo", "Lima", "Oslo", "Vienna", "Denver", "Boston", "Lisbon", "Dublin"]
 _HELD_OUT_CITIES = ["Singapore", "Moscow", "Athens", "Nairobi", "Bangkok", "Mexico City", "Helsinki", "Prague"]
-_WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-           "November", "December"]
-_OPERATIONS = {"plus": lambda a, b: a + b, "minus": lambda a, b: a - b, "times": lambda a, b: a * b}
-_UNITS = [("miles", "kilometres", 1.609344), ("kilometres", "miles", 0.621371), ("pounds", "kilograms", 0.453592),
-          ("kilograms", "pounds", 2.20462), ("feet", "metres", 0.3048), ("inches", "centimetres", 2.54),
-          ("litres", "gallons", 0.264172), ("ounces", "grams", 28.3495)]
+_OPERATIONS = ("minus", "plus", "times")
+_UNITS = [("miles", "kilometres"), ("kilometres", "miles"), ("pounds", "kilograms"), ("kilograms", "pounds"),
+          ("feet", "metres"), ("inches", "centimetres"), ("litres", "gallons"), ("ounces", "grams")]
 
 # Every template is one the built-in router maps to a tool (tests/e2e check the held-out ones against it).
 _TEMPLATES: dict[Split, dict[str, list[str]]] = {
@@ -53,6 +55,15 @@ _CHATTER: dict[Split, list[str]] = {
     "held_out": ["We watched a movie last night.", "I just finished cleaning the kitchen.",
                  "That is a funny story.", "I will call you back in a minute.", "The garden looks lovely."],
 }
+# What apps push is free text: the span an app pushes in training is these words in a random order.
+_APP_WORDS = """the a your my our this that next last new open closed opens closes starts ends leaves arrives is are
+was will be at on in from to by for with and or but not every today tomorrow morning afternoon evening night noon
+week month year hour minute meeting flight train bus museum library office shop store doctor dentist school park
+station airport hotel restaurant cafe gate room floor street road parcel order ticket booking table seat price
+total balance account payment delivery weather rain snow sun cloudy warm cold windy one two three four five six
+seven eight nine ten eleven twelve fifteen twenty thirty forty fifty hundred half quarter past minutes hours days
+dollars euros pounds percent degrees kilometres miles early late ready confirmed cancelled delayed moved booked
+Monday Tuesday Wednesday Thursday Friday Saturday Sunday January March May July September November"""
 # espeak-ng voices and variants; the held-out voice is one training never used.
 TRAIN_VOICES = ("en-us", "en-us+f3", "en-gb", "en-gb+f2", "en-gb-scotland", "en-029+m3", "en-gb-x-gbclan+f4")
 HELD_OUT_VOICES = ("en-gb-x-rp+f5",)
@@ -61,11 +72,10 @@ AGENT_VOICE = Voice("en-us+m2", 160, 45)
 
 @dataclass(frozen=True)
 class Exchange:
-    """A spoken question, the answer text a tool would return for it, and its kind."""
+    """A spoken question and its kind."""
 
     kind: str
     question: str
-    answer: str
 
 
 def draw_voice(rng: random.Random, split: Split) -> Voice:
@@ -76,25 +86,33 @@ def draw_voice(rng: random.Random, split: Split) -> Voice:
 def draw_exchange(rng: random.Random, split: Split) -> Exchange:
     kind = rng.choice(sorted(_TEMPLATES[split]))
     template = rng.choice(_TEMPLATES[split][kind])
-    cities = _TRAIN_CITIES if split == "train" else _HELD_OUT_CITIES
     if kind == "time":
-        city = rng.choice(cities)
-        hour, minute = rng.randint(1, 12), rng.randint(0, 59)
-        answer = (f"It is {hour}:{minute:02d} {rng.choice(['AM', 'PM'])} on {rng.choice(_WEEKDAYS)}, "
-                  f"{rng.choice(_MONTHS)} {rng.randint(1, 28)} in {city}.")
-        return Exchange(kind, template.format(city=city), answer)
+        cities = _TRAIN_CITIES if split == "train" else _HELD_OUT_CITIES
+        return Exchange(kind, template.format(city=rng.choice(cities)))
     if kind == "math":
-        op = rng.choice(sorted(_OPERATIONS))
         a, b = _operands(rng, split)
-        return Exchange(kind, template.format(a=a, op=op, b=b), f"{a} {op} {b} is {_OPERATIONS[op](a, b)}.")
+        return Exchange(kind, template.format(a=a, op=rng.choice(_OPERATIONS), b=b))
     if kind == "units":
-        frm, to, factor = rng.choice(_UNITS)
-        value = rng.randint(2, 40)
-        return Exchange(kind, template.format(value=value, frm=frm, to=to),
-                        f"{value} {frm} is {round(value * factor, 2):g} {to}.")
-    answer = f"{'Today' if 'today' in template else 'Tomorrow'} is {rng.choice(_WEEKDAYS)}, " \
-             f"{rng.choice(_MONTHS)} {rng.randint(1, 28)}, {rng.randint(2020, 2030)}."
-    return Exchange(kind, template, answer)
+        frm, to = rng.choice(_UNITS)
+        return Exchange(kind, template.format(value=rng.randint(2, 40), frm=frm, to=to))
+    return Exchange(kind, template)
+
+
+def tool_answer(rng: random.Random) -> str:
+    """The span text the built-in router serves for a question drawn from either split, at a random instant."""
+    instant = datetime(2020, 1, 1, tzinfo=UTC) + timedelta(seconds=rng.randrange(10 * 365 * 24 * 3600))
+    question = draw_exchange(rng, rng.choice(("train", "held_out"))).question
+    answer = Router(build_catalogue(clock=lambda: instant)).answer(question)
+    if answer is None:
+        raise ValueError(f"the built-in router does not answer the recipe question {question!r}")
+    return answer.text
+
+
+def app_text(rng: random.Random) -> str:
+    """A span an app pushes (`span.inject`): words in an order no sentence has, so that only copying says them."""
+    lexicon = _APP_WORDS.split()
+    text = " ".join(rng.choice(lexicon) for _ in range(rng.randint(4, 12)))
+    return f"{text[0].upper()}{text[1:]}."
 
 
 def _operands(rng: random.Random, split: Split) -> tuple[int, int]:

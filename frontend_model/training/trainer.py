@@ -13,7 +13,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -27,7 +27,6 @@ from frontend_model.span.voice_prompt import VoicePrompt
 from frontend_model.training.data import (
     Assembler,
     Corpus,
-    Sequence,
     batch,
     speak_and_encode,
     steady_silence,
@@ -44,7 +43,7 @@ class TrainConfig:
     """Everything that shapes the trained weights besides the code: part of the cache key."""
 
     seed: int = 0
-    steps: int = 1000
+    steps: int = 3000
     batch_size: int = 16
     lr: float = 1e-3
     warmup_steps: int = 100
@@ -53,9 +52,11 @@ class TrainConfig:
     window: int = 128  # columns a training sequence keeps, at most
     max_gap: int = 30  # frames between `<ret>` and the span, at most (2.4 s: the server's deadline is 2.5 s)
     max_turns: int = 1
-    train_questions: int = 240
-    train_chatter: int = 40
+    train_questions: int = 1200  # distinct spoken questions: with a few hundred, `<ret>` learns them by heart
+    train_chatter: int = 200
+    slip: float = 0.15  # share of the agent's own answer tokens replaced in its input by another of the span's
     threads: int = 1
+    workers: int = 1  # processes assembling batches beside the training (0: inline; the batches are the same)
 
     def as_dict(self) -> dict[str, int | float]:
         return asdict(self)
@@ -97,17 +98,56 @@ def prepare_for_training(lm: LMModel, context: int) -> list[torch.nn.Parameter]:
     return trained
 
 
-def text_loss(lm: LMModel, columns: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted cross-entropy of each column's text token, predicted from the position before it."""
-    _, logits = lm.forward_text(columns[:, :, :-1])
+def text_loss(lm: LMModel, columns: torch.Tensor, weights: torch.Tensor,
+              read: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted cross-entropy of each column's text token, predicted from the position before it, the model reading
+    `read` (default: the columns themselves)."""
+    _, logits = lm.forward_text((columns if read is None else read)[:, :, :-1])
     logits = logits[:, 0].float()
     target, weight = columns[:, 0, 1:], weights[:, 1:]
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
     return (ce.reshape(target.shape) * weight).sum() / weight.sum().clamp_min(1e-6), logits
 
 
-def batch_metrics(logits: torch.Tensor, columns: torch.Tensor, weights: torch.Tensor, sequences: list[Sequence],
-                  ret_id: int, loss: float) -> Metrics:
+class Batches(torch.utils.data.IterableDataset):
+    """The training batches, drawn from one seeded generator in order: in a worker process, on the second core,
+    they are the batches an inline loop draws."""
+
+    def __init__(self, assembler: Assembler, corpus: Corpus, config: TrainConfig) -> None:
+        super().__init__()
+        self.assembler, self.corpus, self.config = assembler, corpus, config
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[tuple[int, ...], ...]]]]:
+        """(columns, the columns the model reads, weights, answer columns) per step."""
+        config = self.config
+        rng = random.Random(config.seed)
+        pad_column = self.assembler.quiet(1)[:, 0]
+        for _ in range(config.steps):
+            sequences = [self.assembler.conversation(rng, self.corpus, config.max_gap,
+                                                     rng.randint(1, config.max_turns), config.window)
+                         for _ in range(config.batch_size)]
+            columns, weights = batch(sequences, pad_column)
+            answers = [s.answer_columns for s in sequences]
+            yield columns, slipped(columns, answers, config.slip, rng), weights, answers
+
+
+def slipped(columns: torch.Tensor, answers: list[tuple[tuple[int, ...], ...]], share: float,
+            rng: random.Random) -> torch.Tensor:
+    """The columns with some of the agent's answer tokens swapped for another token of the same answer, in what the
+    model reads only (its targets stay right). Sampling slips when it serves, and a model that copies by the last
+    token it said then loses its place for the rest of the answer; trained on slips, it copies by position."""
+    read = columns.clone()
+    for i, said in enumerate(answers):
+        for answer in said:
+            tokens = [int(columns[i, 0, c]) for c in answer]
+            for c in answer:
+                if rng.random() < share:
+                    read[i, 0, c] = rng.choice(tokens)
+    return read
+
+
+def batch_metrics(logits: torch.Tensor, columns: torch.Tensor, weights: torch.Tensor,
+                  answers: list[tuple[tuple[int, ...], ...]], ret_id: int, loss: float) -> Metrics:
     predicted = logits.argmax(-1)  # [B, L-1]: position p predicts column p + 1
     target = columns[:, 0, 1:]
     live = weights[:, 1:] > 0
@@ -116,8 +156,8 @@ def batch_metrics(logits: torch.Tensor, columns: torch.Tensor, weights: torch.Te
     ret_recall = (said_ret & is_ret).sum() / is_ret.sum().clamp_min(1)
     false_ret = (said_ret & ~is_ret & live).sum() / (live & ~is_ret).sum().clamp_min(1)
     hits = total = 0
-    for i, s in enumerate(sequences):
-        for answer in s.answer_columns:
+    for i, said in enumerate(answers):
+        for answer in said:
             index = torch.tensor(answer) - 1
             hits += int((predicted[i, index] == target[i, index]).sum())
             total += len(answer)
@@ -141,9 +181,19 @@ class Trained:
 
 def train(model: LoadedModel, config: TrainConfig, progress: bool = True,
           on_step: Callable[[int, Metrics], None] | None = None) -> Trained:
-    """Seeded and deterministic for a given machine and thread count; `model` is trained in place."""
-    started = time.monotonic()
+    """Seeded and deterministic for a given machine and thread count; `model` is trained in place. The process's
+    torch threads are the caller's again afterwards (a server that trains on its first start serves with its own)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
+    try:
+        return _train(model, config, progress, on_step)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(model: LoadedModel, config: TrainConfig, progress: bool,
+           on_step: Callable[[int, Metrics], None] | None) -> Trained:
+    started = time.monotonic()
     torch.manual_seed(config.seed)
     lm, mimi = model.lm, model.mimi
     voice_codes = speak_and_encode(mimi, [(AGENT_VOICE_TEXT, AGENT_VOICE, 1.0)])[0].codes[:, :VOICE_FRAMES]
@@ -151,27 +201,23 @@ def train(model: LoadedModel, config: TrainConfig, progress: bool = True,
     initial = lm._get_initial_token()[0, :, 0].cpu()
     assembler = Assembler(model.tokenizer, model.span, list(lm.delays), initial,
                           VoicePrompt("agent", codes=voice_codes), steady_silence(mimi))
-    pad_column = assembler.quiet(1)[:, 0]
     params = prepare_for_training(lm, config.context)
     lm.train()
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: learning_rate_factor(s, config))
-    rng = random.Random(config.seed)
     running = Metrics()
-    bar = tqdm(range(1, config.steps + 1), desc="train", disable=not progress, file=sys.stderr, mininterval=2.0)
-    for step in bar:
-        sequences = [assembler.conversation(rng, corpus, "train", config.max_gap, rng.randint(1, config.max_turns),
-                                            config.window)
-                     for _ in range(config.batch_size)]
-        columns, weights = batch(sequences, pad_column)
-        loss, logits = text_loss(lm, columns, weights)
+    batches = torch.utils.data.DataLoader(Batches(assembler, corpus, config), batch_size=None,
+                                          num_workers=config.workers)
+    bar = tqdm(batches, total=config.steps, desc="train", disable=not progress, file=sys.stderr, mininterval=2.0)
+    for step, (columns, read, weights, answers) in enumerate(bar, start=1):
+        loss, logits = text_loss(lm, columns, weights, read)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         schedule.step()
         with torch.no_grad():
-            running.update(batch_metrics(logits.detach(), columns, weights, sequences, model.span.ret_id,
+            running.update(batch_metrics(logits.detach(), columns, weights, answers, model.span.ret_id,
                                          float(loss)), step)
         bar.set_postfix(running.postfix(), refresh=False)
         if on_step is not None:

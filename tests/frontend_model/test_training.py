@@ -20,18 +20,20 @@ from frontend_model.span.voice_prompt import VoicePrompt
 from frontend_model.training import checkpoint as training_checkpoint
 from frontend_model.training.checkpoint import REPORT, VOICE_NAME, cache_key, trained_checkpoint
 from frontend_model.training.data import (
+    ABSTAIN_REPLY,
     PAD_WEIGHT,
     RET_OFFSET,
     RET_WEIGHT,
     Assembler,
     Corpus,
+    batch,
     speak_and_encode,
     steady_silence,
     synthesise_corpus,
 )
 from frontend_model.training.recipes import HELD_OUT_VOICES, TRAIN_VOICES, draw_exchange
 from frontend_model.training.speech import Voice
-from frontend_model.training.trainer import TrainConfig
+from frontend_model.training.trainer import Batches, TrainConfig, slipped
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +52,15 @@ def assembler(model: LoadedModel, voice: VoicePrompt | None = None) -> Assembler
                      voice, steady_silence(model.mimi))
 
 
-def test_a_training_turn_has_ret_after_the_question_then_the_span_block_verbatim_then_its_tokens(
+def test_a_training_turn_has_ret_after_the_question_then_the_served_span_block_then_the_answer(
     model: LoadedModel, corpus: Corpus
 ) -> None:
-    span = model.span
-    for seed in range(20):
-        sequence = assembler(model).conversation(random.Random(seed), corpus, "train", max_gap=8, turns=1)
+    """The block is what the server writes: a tool's answer behind the tool prefix, the abstain span, or an app's
+    text as pushed (no question, no `<ret>`); the agent then says the answer (or the abstain reply), not the prefix."""
+    span, contract = model.span, model.span.contract
+    kinds = set()
+    for seed in range(40):
+        sequence = assembler(model).conversation(random.Random(seed), corpus, max_gap=8, turns=1)
         text, weights = sequence.columns[0], sequence.weights
         for ret in sequence.ret_columns:
             assert int(text[ret]) == span.ret_id and weights[ret] == RET_WEIGHT
@@ -64,14 +69,19 @@ def test_a_training_turn_has_ret_after_the_question_then_the_span_block_verbatim
             assert int(text[close]) == span.close_id and weights[close] == 0
             opened = int((text[:close] == span.open_id).nonzero()[-1])
             block = sequence.columns[:, opened:close + 1]
-            ids = [int(i) for i in text[opened + 1:close]]
-            assert [int(i) for i in text[list(answer)]] == ids, "the agent says the span's tokens, in order"
+            said = model.tokenizer.decode([int(i) for i in text[list(answer)]])
             assert torch.all(weights[list(answer)] == 1.0)
-            rebuilt = build_span(model.tokenizer.decode(ids), model.tokenizer, span, 64)
+            kind = "abstain" if said == ABSTAIN_REPLY else "tool" if sequence.ret_columns else "app"
+            served = {"abstain": contract.abstain_text, "tool": contract.span_text(said, tool_result=True),
+                      "app": said}[kind]
+            kinds.add(kind)
+            rebuilt = build_span(served, model.tokenizer, span, 64)
             assert rebuilt.block is not None and torch.equal(block, rebuilt.block.tokens), "the serving block"
-            assert opened > sequence.ret_columns[0], "the span arrives after <ret>"
+            if kind != "app":
+                assert opened > sequence.ret_columns[0], "the span arrives after <ret>"
         live = (weights > 0) & (text == span.text_pad_id)
         assert torch.all(weights[live] == PAD_WEIGHT)
+    assert kinds == {"tool", "abstain", "app"}
 
 
 def test_questions_put_ret_a_fixed_number_of_frames_after_their_speech(model: LoadedModel, corpus: Corpus) -> None:
@@ -88,7 +98,7 @@ def test_a_persona_prefix_carries_no_loss_and_the_voice_prompt_is_on_the_agent_r
 ) -> None:
     voice = VoicePrompt("agent", codes=torch.arange(24).reshape(8, 3) + 100)
     a = assembler(model, voice)
-    prefixed = [a.conversation(random.Random(seed), corpus, "train", 8, 1) for seed in range(40)]
+    prefixed = [a.conversation(random.Random(seed), corpus, 8, 1) for seed in range(40)]
     # Column j + 1 reads the agent's semantic code of frame j and its acoustic codes of frame j - 1.
     with_voice = [s for s in prefixed
                   if torch.equal(s.columns[1, 1:3], voice.codes[0, 0:2]) and torch.equal(s.columns[2:9, 2],
@@ -107,8 +117,8 @@ def test_the_same_seed_gives_the_same_data_and_another_seed_other_data(model: Lo
                for a, b in zip(first.questions, again.questions, strict=True))
     assert [q.utterance.text for q in first.questions] != [q.utterance.text for q in other.questions]
     a = assembler(model)
-    one = a.conversation(random.Random(1), first, "train", 8, 1)
-    two = a.conversation(random.Random(1), again, "train", 8, 1)
+    one = a.conversation(random.Random(1), first, 8, 1)
+    two = a.conversation(random.Random(1), again, 8, 1)
     assert torch.equal(one.columns, two.columns) and torch.equal(one.weights, two.weights)
 
 
@@ -127,6 +137,34 @@ def test_speech_from_two_voices_encodes_to_different_codes(model: LoadedModel) -
     assert not torch.equal(one.codes[:, :frames], two.codes[:, :frames])
 
 
+def test_batches_drawn_in_a_worker_process_are_the_batches_drawn_inline(model: LoadedModel, corpus: Corpus) -> None:
+    config = TrainConfig(steps=3, batch_size=2)
+    batches = Batches(assembler(model), corpus, config)
+
+    def drawn(workers: int) -> list[tuple[torch.Tensor, ...]]:
+        loader = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=workers)
+        return [(columns, read, weights) for columns, read, weights, _ in loader]
+
+    inline, worker = drawn(0), drawn(1)
+    assert len(inline) == 3
+    assert all(torch.equal(x, y) for one, other in zip(inline, worker, strict=True)
+               for x, y in zip(one, other, strict=True))
+
+
+def test_slips_change_only_what_the_model_reads_of_its_answers_and_only_to_tokens_of_the_same_answer(
+    model: LoadedModel, corpus: Corpus
+) -> None:
+    sequences = [assembler(model).conversation(random.Random(seed), corpus, 8, 1) for seed in range(12)]
+    columns, _ = batch(sequences, assembler(model).quiet(1)[:, 0])
+    answers = [s.answer_columns for s in sequences]
+    read = slipped(columns, answers, 0.5, random.Random(0))
+    changed = (read != columns).nonzero().tolist()
+    assert changed, "some answer tokens slip"
+    for i, row, column in changed:
+        answer = next(a for a in answers[i] if column in a)
+        assert row == 0 and int(read[i, 0, column]) in {int(columns[i, 0, c]) for c in answer}
+
+
 def test_the_cache_key_follows_hyper_parameters_and_seed() -> None:
     base = TrainConfig()
     assert cache_key(base) == cache_key(TrainConfig())
@@ -138,7 +176,9 @@ def test_a_short_training_writes_a_context_spanning_checkpoint_loaded_once_per_k
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = TrainConfig(steps=2, batch_size=2, train_questions=2, train_chatter=1, context=40)
+    threads = torch.get_num_threads()
     directory = trained_checkpoint(config, tmp_path, progress=False)
+    assert torch.get_num_threads() == threads, "the caller's torch threads are its own again"
     loaded = load_model("contextspan", str(directory), device="cpu")
     assert loaded.layout == "contextspan" and not loaded.random_weights
     assert loaded.lm.context == 40 and VOICE_NAME in loaded.voice_prompts
