@@ -30,7 +30,7 @@ import numpy as np
 
 from benchmarks.harness import StreamResult, start_server, stop_server, stream
 from benchmarks.report import machine_info, save_json
-from contextspan_client import chat_url
+from contextspan_client import TryAgain, chat_url
 from frontend_model.frame import FRAME_S, SAMPLE_RATE
 from frontend_model.span.contract import CONTRACTS
 from frontend_model.training.data import reply_to
@@ -42,6 +42,7 @@ ANSWER_S = 4.0  # stream time after the span is injected that the answer gets
 NO_RET_S = 5.0  # stream time after the question with no `<ret>`: the model did not ask
 # A second `<ret>` while the first is being answered is refused with this reason; the first one's span still comes.
 IN_FLIGHT = "a retrieval is already in flight"
+FREE_WAIT_S = 10.0  # how long a session waits for the previous one's slot
 DEFAULT_OUT = Path("benchmarks/results/behaviour-tiny-contextspan-cpu.json")
 # Flags every behaviour server runs with: the sessions the run needs, spans as long as they come, a deadline no
 # host's Whisper reaches (the times are measured, not cut).
@@ -149,21 +150,33 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1e3, 1)
 
 
+async def stream_when_free(url: str, pcm: np.ndarray, wait_s: float = FREE_WAIT_S, **kwargs: Any) -> StreamResult:
+    """`stream`, once the server has a free slot: the previous session's slot is freed just after it closes."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return await stream(url, pcm, **kwargs)
+        except TryAgain:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 async def ask(ws: str, questions: Sequence[str], voice: Voice, spans: Sequence[tuple[float, str]] = ()) -> list[Turn]:
     """Each question in its own session, all at once (a batch of len(questions))."""
     audio = [question_audio(q, voice) for q in questions]
     results = await asyncio.gather(*[
-        stream(chat_url(ws, events=True), pcm, until=answered(end), until_timeout_s=40.0, texts=spans)
+        stream_when_free(chat_url(ws, events=True), pcm, until=answered(end), until_timeout_s=40.0, texts=spans)
         for pcm, end in audio])
     return [score(q, end, r) for q, (_, end), r in zip(questions, audio, results, strict=True)]
 
 
 async def false_triggers(ws: str, silence_s: float, chatter: Sequence[str], voice: Voice) -> dict[str, Any]:
     """`<ret>` in a stretch of silence, and in statements that ask nothing, each followed by 3 s of silence."""
-    quiet = await stream(chat_url(ws, events=True), np.zeros(int(silence_s * SAMPLE_RATE), np.float32))
+    quiet = await stream_when_free(chat_url(ws, events=True), np.zeros(int(silence_s * SAMPLE_RATE), np.float32))
     gap = np.zeros(3 * SAMPLE_RATE, np.float32)
     talk = np.concatenate([part for line in chatter for part in (speak(line, voice), gap)])
-    chat = await stream(chat_url(ws, events=True), talk)
+    chat = await stream_when_free(chat_url(ws, events=True), talk)
     talk_s = len(talk) / SAMPLE_RATE
     return {"silence_s": silence_s, "silence_rets": len(quiet.of_type("retrieval")),
             "chatter_s": round(talk_s, 1), "chatter_lines": len(chatter),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's two commands:  scripts/dev.sh serve [contextspan serve flags]   |   scripts/dev.sh test [pytest args]
-# Both set up .venv first (idempotent; skipped when nothing changed), `test` also the Debian packages tests use.
+# Both set up .venv first (idempotent; skipped when nothing changed) and the Debian packages they use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,12 +39,14 @@ setup_python() {
     echo "$want" > "$stamp"
 }
 
-setup_debian_test_packages() {
+setup_debian_packages() {
     local missing=()
     command -v espeak-ng >/dev/null || missing+=(espeak-ng)
     command -v sox >/dev/null || missing+=(sox)
-    command -v chromium >/dev/null || missing+=(chromium chromium-driver)
-    compgen -G "/usr/lib/*/libopus.so.0" >/dev/null || missing+=(libopus0)  # for fujielab-moshi-client's opuslib
+    if [ "$1" = test ]; then
+        command -v chromium >/dev/null || missing+=(chromium chromium-driver)
+        compgen -G "/usr/lib/*/libopus.so.0" >/dev/null || missing+=(libopus0)  # for fujielab-moshi-client's opuslib
+    fi
     if [ ${#missing[@]} -gt 0 ]; then
         echo "contextspan: installing Debian packages: ${missing[*]}" >&2
         as_root apt-get update -qq
@@ -58,11 +60,20 @@ case "${1:-}" in
     serve)
         shift
         setup_python serve
-        exec .venv/bin/contextspan serve "$@"
+        profile=()
+        # Without a GPU and without --profile: the tiny Context Spanning model trained on this machine (espeak-ng
+        # and sox speak its training questions; trained once, with a progress bar, then cached), which asks for
+        # facts and says them.
+        if ! printf '%s\n' "$@" | grep -q -- '^--profile' &&
+            ! .venv/bin/python -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
+            setup_debian_packages serve
+            profile=(--profile tiny-contextspan-trained)
+        fi
+        exec .venv/bin/contextspan serve "${profile[@]}" "$@"
         ;;
     test)
         shift
-        setup_debian_test_packages
+        setup_debian_packages test
         setup_python test
         .venv/bin/ruff check .
         exec .venv/bin/python -m pytest -m "" "$@"
