@@ -7,11 +7,10 @@ No container engine runs in CI, so the files are read as data; where a Docker Co
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
-import shutil
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -223,15 +222,15 @@ def test_replicas_each_own_a_speech_gpu_and_traefik_routes_chat_by_readiness() -
 
 
 def _compose_v2() -> list[str] | None:
-    """A Docker Compose v2 command line, or None: v1 (`docker-compose` 1.x) cannot read the spec's merge tags."""
-    for cmd in (["docker", "compose"], [str(Path(sys.executable).parent / "docker-compose")], ["docker-compose"]):
-        if shutil.which(cmd[0]) is None:
-            continue
-        done = subprocess.run([*cmd, "version"], capture_output=True, text=True, timeout=60, check=False)
-        major = re.search(r"Docker Compose version v?(\d+)\.", done.stdout)
-        if done.returncode == 0 and major and int(major[1]) >= 2:
-            return cmd
-    return None
+    """The image check's Docker Compose v2 command line (v1 cannot read the spec's merge tags), or None."""
+    spec = importlib.util.spec_from_file_location("image_check", ROOT / "scripts" / "image_check.py")
+    assert spec is not None and spec.loader is not None
+    image_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(image_check)
+    try:
+        return image_check.compose_cli("docker")
+    except image_check.CheckFailed:
+        return None
 
 
 @pytest.mark.parametrize("files", [[COMPOSE], [COMPOSE, REPLICAS]], ids=["one-box", "replicas"])
