@@ -92,19 +92,24 @@ def stream_time(result: StreamResult) -> float:
     return max((e.t for e in result.events if hasattr(e, "t")), default=0.0)
 
 
-def answered(question_end_s: float) -> Callable[[StreamResult], bool]:
-    """Done once the span was dropped, or the answer had ANSWER_S of stream time, or no `<ret>` came."""
+def answered(question_end_s: float, since_s: float = 0.0) -> Callable[[StreamResult], bool]:
+    """Done once the span was dropped, or the answer had ANSWER_S of stream time, or no `<ret>` came; only what
+    happened from `since_s` (stream time) on counts."""
 
     def done(result: StreamResult) -> bool:
         now = stream_time(result)
-        if any(e.reason != IN_FLIGHT for e in result.of_type("span.dropped")):
+        if any(e.reason != IN_FLIGHT for e in of_type_since(result, "span.dropped", since_s)):
             return True
-        spans = result.of_type("span.injected")
+        spans = of_type_since(result, "span.injected", since_s)
         if spans:
             return now >= spans[0].t + ANSWER_S
-        return not result.of_type("retrieval") and now >= question_end_s + NO_RET_S
+        return not of_type_since(result, "retrieval", since_s) and now >= question_end_s + NO_RET_S
 
     return done
+
+
+def of_type_since(result: StreamResult, kind: str, since_s: float) -> list[Any]:
+    return [e for e in result.of_type(kind) if e.t >= since_s]
 
 
 @dataclass(frozen=True)
@@ -127,13 +132,14 @@ class Turn:
         return words(self.said)
 
 
-def score(question: str, question_end_s: float, result: StreamResult) -> Turn:
-    rets = result.of_type("retrieval")
-    questions = result.of_type("question")
-    spans = result.of_type("span.injected")
+def score(question: str, question_end_s: float, result: StreamResult, since_s: float = 0.0) -> Turn:
+    """What the model made of the question; only what happened from `since_s` (stream time) on counts."""
+    rets = of_type_since(result, "retrieval", since_s)
+    questions = of_type_since(result, "question", since_s)
+    spans = of_type_since(result, "span.injected", since_s)
     if not spans:
-        dropped = next((f"{e.reason}: {e.text}" for e in result.of_type("span.dropped") if e.reason != IN_FLIGHT),
-                       None)
+        dropped = next((f"{e.reason}: {e.text}" for e in of_type_since(result, "span.dropped", since_s)
+                        if e.reason != IN_FLIGHT), None)
         return Turn(question, bool(rets), questions[0].text if questions else None, None, "", 0.0,
                     _ms(rets[0].t - question_end_s) if rets else None, None, None, dropped)
     span = spans[0]
