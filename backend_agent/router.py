@@ -19,7 +19,7 @@ from backend_agent.tools.unit_conversion import find_unit
 
 _FILLER = re.compile(
     r"^(?:(?:hey|hi|okay|ok|so|um|uh|well|please|and|but)\b,?\s*"
-    r"|(?:can|could|would) you (?:please )?(?:tell me|say|check)\s*|do you know\s*|tell me\s*|i wonder\s*)+"
+    r"|(?:can|could|would) you (?:please )?(?:tell me|say|check)?\s*|do you know\s*|tell me\s*|i wonder\s*)+"
 )
 _TIME = re.compile(  # the whole question must be a time question: "what time does the shop open" is not
     r"^(?:what is |what )?(?:the )?(?:current |local |exact )?time(?: is it| it is)?(?: (?:right )?now)?"
@@ -27,7 +27,7 @@ _TIME = re.compile(  # the whole question must be a time question: "what time do
 )
 _PLACE = re.compile(r"\b(?:in|at|for|on)\s+(?P<place>[^\d?!]+)$")
 _DATE = re.compile(
-    r"\b(?:what|which) (?:day|date)(?: of the week)?(?P<rest>(?: is| was| will be| would be| falls?)\b.*|$)"
+    r"\b(?:what|which) (?:day|date)(?: of the week)?(?P<rest>(?: is| was| will(?: it)? be| would be| falls?)\b.*|$)"
     r"|\b(?:today'?s|the) date\b(?P<rest2>.*)$"
 )
 _RELATIVE_DAY = re.compile(r"\b(today|tomorrow|yesterday)\b")
@@ -40,7 +40,9 @@ _UNITS_CONVERT = re.compile(
     rf"^(?:convert |what is |how much is )?(?P<value>{_NUM}) ?(?P<from>.+?)"
     r" (?:in terms of|to|in|into|as) (?P<to>.+)$"
 )
-_CALC_PREFIX = re.compile(r"^(?:what is|how much is|calculate|compute|evaluate|work out|what does)\s+")
+_CALC_PREFIX = re.compile(  # "workout": how ASR often hears "work out"
+    r"^(?:what is|how much is|calculate|compute|evaluate|work ?out|what does|what do you get (?:for|from))\s+"
+)
 _OPERATOR = re.compile(
     r"[-+*/%^×÷]|\d\s*x\s*\d|\b(?:plus|minus|times|multiplied|divided|over|percent|squared|cubed|power|root"
     r"|mod|modulo|sqrt|abs|round)\b"

@@ -3,9 +3,9 @@ the engine is tested against) into the columns the temporal transformer reads wh
 from the serving code's `build_prefix`, span blocks built from text as the server builds them, the MOVE rule.
 
 In a turn the user asks a question (espeak-ng speech encoded by the tiny Mimi), the agent's text row carries `<ret>`
-`RET_OFFSET` frames after the question's speech ends, a span arrives 1..`max_gap` frames later, and the agent's text
-row then says the answer's tokens one a frame, from the column right after the block, while the user is quiet.
-Spans are written by the model's span contract, as the server writes them: a tool's answer behind the tool prefix
+one of `RET_OFFSETS` frames after the question's speech ends, a span arrives 1..`max_gap` frames later, and the
+agent's text row then says the answer's tokens one a frame, from the column right after the block, while the user is
+quiet. Spans are written by the model's span contract, as the server writes them: a tool's answer behind the tool prefix
 (the agent says the answer, not the prefix), sometimes the abstain span (the agent says `ABSTAIN_REPLY`); in other
 turns an app pushes a span with no question and no `<ret>` (`span.inject`: its text as pushed, said as it is). The
 persona prefix is mostly the contract's default persona with the checkpoint's voice, what a session that names
@@ -42,7 +42,9 @@ from frontend_model.training.recipes import (
 )
 from frontend_model.training.speech import Voice, speak
 
-RET_OFFSET = 2  # frames between the end of a question's speech and `<ret>` on the agent's text row
+# Frames between the end of a question's speech and `<ret>` on the agent's text row. Not one fixed frame: a model that
+# let that frame pass had never seen a question go on unanswered and asked seconds later, or never.
+RET_OFFSETS = range(1, 5)
 RET_WEIGHT = 5.0  # the reference's `w_ret`
 PAD_WEIGHT = 0.5  # the reference's `pad_w`
 MAX_SPAN_FRAMES = 48
@@ -62,6 +64,11 @@ def reply_to(span_text: str, contract: SpanContract) -> str:
     if contract.abstain_text and span_text == contract.abstain_text:
         return ABSTAIN_REPLY
     return span_text.removeprefix(contract.tool_prefix)
+
+
+def ret_after(rng: random.Random, speech_end: int) -> int:
+    """The frame of `<ret>` after a question whose speech ends at frame `speech_end`."""
+    return speech_end + rng.choice(RET_OFFSETS)
 
 
 @dataclass(frozen=True)
@@ -229,7 +236,7 @@ class Assembler:
                 utterance = rng.choice(corpus.questions).utterance
                 start = at
                 add(self.speech(utterance))
-                ret = start + utterance.speech_frames + RET_OFFSET
+                ret = ret_after(rng, start + utterance.speech_frames)
                 inject = ret + rng.randint(1, max_gap)
                 rets.append(ret)
             block, answer = self.span_and_reply(rng, inject, app)

@@ -43,7 +43,7 @@ class TrainConfig:
     """Everything that shapes the trained weights besides the code: part of the cache key."""
 
     seed: int = 0
-    steps: int = 3000
+    steps: int = 3300
     batch_size: int = 16
     lr: float = 1e-3
     warmup_steps: int = 100
@@ -52,9 +52,9 @@ class TrainConfig:
     window: int = 128  # columns a training sequence keeps, at most
     max_gap: int = 30  # frames between `<ret>` and the span, at most (2.4 s: the server's deadline is 2.5 s)
     max_turns: int = 1
-    train_questions: int = 1200  # distinct spoken questions: with a few hundred, `<ret>` learns them by heart
-    train_chatter: int = 200
-    slip: float = 0.15  # share of the agent's own answer tokens replaced in its input by another of the span's
+    train_questions: int = 1500  # distinct spoken questions: with a few hundred, `<ret>` learns them by heart
+    train_chatter: int = 300
+    slip: float = 0.2  # share of the agent's own answer tokens replaced in its input by another of the span's
     threads: int = 1
     workers: int = 1  # processes assembling batches beside the training (0: inline; the batches are the same)
 

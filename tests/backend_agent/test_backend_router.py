@@ -47,6 +47,10 @@ def router() -> Router:
         ("What day is it today?", "date", "Today is Monday, November 30, 2026 in Paris."),
         ("What's the date tomorrow in Tokyo?", "date", "Tomorrow is Tuesday, December 1, 2026 in Tokyo."),
         ("What day of the week is July 4, 2026?", "date", "July 4, 2026 was a Saturday."),
+        ("Workout 66 times 56.", "arithmetic", "66 times 56 is 3696."),
+        ("what do you get for 12 plus 7", "arithmetic", "12 plus 7 is 19."),
+        ("Can you convert 5 feet to cm?", "unit_conversion", "5 feet is 152.4 centimetres."),
+        ("Okay, what day will it be tomorrow?", "date", "Tomorrow is Tuesday, December 1, 2026 in Paris."),
     ],
 )  # fmt: skip
 def test_answers(router: Router, question: str, tool: str, text: str) -> None:

@@ -21,7 +21,7 @@ from benchmarks.behaviour import (
     Turn,
     answered,
     ask,
-    held_out_questions,
+    audible_questions,
     held_out_voice,
     in_order_recall,
     question_audio,
@@ -51,9 +51,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 FLAGS = ("--span-deadline-s", "20", "--question-wait-s", "3", "--max-span-frames", "320")
 RING_FRAMES = 96 + 320
 # The model is sampled, and it is tiny: it does not ask after every question (the bench measures how often, README).
-# Each behaviour below gets its own five held-out questions, and must show itself on one of them: `<ret>` from the
-# model, the question transcribed and answered by the router, the span injected, and at least `MIN_RECALL` of the
-# answer's words said in order.
+# Each behaviour below gets its own six held-out questions, ones Whisper hears right (`audible_questions`: the test is
+# the speech model's, not the ASR's), and must show itself on one of them: `<ret>` from the model within 2 s of the
+# question's end, the question transcribed and answered by the router, the span injected, and at least `MIN_RECALL`
+# of the answer's words said in order.
+PER_TEST = 6
 MIN_RECALL = 0.6
 # In some sessions the model asks once about 2 s after the session starts, in silence (a known gap: the persona
 # prefix is followed by a question in most of its training conversations); never later in a silence.
@@ -71,6 +73,11 @@ def serve(tmp: Path, checkpoint: Path, *flags: str) -> RunningServer:
     return start_server(tmp, "--profile", "contextspan", "--checkpoint", str(checkpoint), *FLAGS, *flags)
 
 
+@pytest.fixture(scope="session")
+def questions() -> list[str]:
+    return audible_questions(4 * PER_TEST, held_out_voice())
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, trained: Path) -> Iterator[RunningServer]:
     running = serve(tmp_path_factory.mktemp("behaviour"), trained, "--max-sessions", "2", "--app-spans", "on")
@@ -79,8 +86,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, trained: Path) -> Iterator[
 
 
 def used_the_span(turn: Turn) -> bool:
-    return bool(turn.asked and turn.heard and turn.span and turn.span != CONTRACTS["contextspan"].abstain_text
-                and turn.recall >= MIN_RECALL)
+    return bool(turn.asked and turn.ret_ms is not None and turn.ret_ms < 2000 and turn.heard and turn.span
+                and turn.span != CONTRACTS["contextspan"].abstain_text and turn.recall >= MIN_RECALL)
 
 
 def first_answered(questions: list[str], ask_one: Callable[[str], Turn]) -> Turn:
@@ -97,17 +104,16 @@ def alone(ws: str) -> Callable[[str], Turn]:
     return lambda question: asyncio.run(ask(ws, [question], held_out_voice()))[0]
 
 
-def test_the_model_asks_after_held_out_questions_and_says_the_routers_answers(server: RunningServer) -> None:
-    turns = [alone(server.ws)(q) for q in held_out_questions(4)]
+def test_the_model_asks_after_held_out_questions_and_says_the_routers_answers(server: RunningServer,
+                                                                             questions: list[str]) -> None:
+    turns = [alone(server.ws)(q) for q in questions_for(questions, 0)]
     assert sum(t.asked for t in turns) >= 2, turns
-    answered = [t for t in turns if used_the_span(t)]
-    assert answered, turns
-    assert all(t.ret_ms is not None and t.ret_ms < 2000 for t in answered), "<ret> follows the end of the question"
+    assert any(used_the_span(t) for t in turns), turns
 
 
-def questions_for(test: int) -> list[str]:
-    """Five held-out questions per test, interleaved over the held-out order (the first four are the first test's)."""
-    return held_out_questions(19)[4 + test::3]
+def questions_for(questions: list[str], test: int) -> list[str]:
+    """Each test's own questions, interleaved over the held-out order."""
+    return questions[test::4]
 
 
 def test_no_ret_in_a_minute_of_silence_after_its_first_seconds(server: RunningServer) -> None:
@@ -117,7 +123,8 @@ def test_no_ret_in_a_minute_of_silence_after_its_first_seconds(server: RunningSe
     assert len(rets) <= 1 and all(e.t < EARLY_S for e in rets), rets
 
 
-def test_row_two_of_a_batch_next_to_a_busy_session_asks_and_answers(server: RunningServer) -> None:
+def test_row_two_of_a_batch_next_to_a_busy_session_asks_and_answers(server: RunningServer,
+                                                                   questions: list[str]) -> None:
     chatter = speak("We watched a movie last night and then we talked about it for a long time.", held_out_voice())
     busy_pcm = np.concatenate([chatter] * 4)
 
@@ -131,10 +138,11 @@ def test_row_two_of_a_batch_next_to_a_busy_session_asks_and_answers(server: Runn
 
         return asyncio.run(both())
 
-    first_answered(questions_for(0), beside_a_busy_session)
+    first_answered(questions_for(questions, 1), beside_a_busy_session)
 
 
-def test_after_the_kv_ring_has_wrapped_the_model_still_asks_and_answers(server: RunningServer) -> None:
+def test_after_the_kv_ring_has_wrapped_the_model_still_asks_and_answers(server: RunningServer,
+                                                                       questions: list[str]) -> None:
     lead = np.zeros(int((RING_FRAMES * 0.08 + 2.0) * SAMPLE_RATE), np.float32)
     lead_s = len(lead) / SAMPLE_RATE
 
@@ -147,7 +155,7 @@ def test_after_the_kv_ring_has_wrapped_the_model_still_asks_and_answers(server: 
         assert all(e.frame > RING_FRAMES for e in rets if e.t >= lead_s)
         return score(question, end + lead_s, result, lead_s)
 
-    first_answered(questions_for(1), after_a_long_silence)
+    first_answered(questions_for(questions, 2), after_a_long_silence)
 
 
 @pytest.mark.xfail(strict=True, reason="not yet: the model reads an app's span (injected, in silence, no <ret>) but "
@@ -168,9 +176,10 @@ def test_a_span_an_app_pushes_is_said_too(server: RunningServer) -> None:
     assert in_order_recall(words(spans[0].text), words(said)) >= MIN_RECALL, said
 
 
-def test_with_the_chunked_prefill_the_model_asks_and_answers(tmp_path: Path, trained: Path) -> None:
+def test_with_the_chunked_prefill_the_model_asks_and_answers(tmp_path: Path, trained: Path,
+                                                             questions: list[str]) -> None:
     running = serve(tmp_path, trained, "--max-sessions", "1", "--span-prefill", "chunked")
     try:
-        first_answered(questions_for(2), alone(running.ws))
+        first_answered(questions_for(questions, 3), alone(running.ws))
     finally:
         stop_server(running)
