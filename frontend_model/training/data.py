@@ -50,6 +50,7 @@ PAD_WEIGHT = 0.5  # the reference's `pad_w`
 MAX_SPAN_FRAMES = 48
 LEAD_FRAMES = 3  # silence before speech when encoding, so the codec's causal state has settled
 TAIL_FRAMES = 6  # silence after speech kept with the utterance: the codec's decay into steady silence
+SILENCE_FRAMES = 200  # a quiet microphone's codes, from a session's start, are the same after these
 PERSONAS = ("", "You are a helpful assistant.", "You are a friendly voice assistant. Answer briefly.",
             "You answer questions about time, dates and numbers.")
 ABSTAIN_REPLY = "Sorry, I could not find that."
@@ -120,10 +121,13 @@ def encode_speech(mimi: MimiModel, pcms: list[np.ndarray]) -> list[tuple[torch.T
     return [(codes[i, :, LEAD_FRAMES:LEAD_FRAMES + frames + TAIL_FRAMES], frames) for i, frames in enumerate(speech)]
 
 
-def steady_silence(mimi: MimiModel) -> torch.Tensor:
-    """[codebooks]: the codes of a quiet microphone once the codec's causal state has settled."""
-    (codes, _), = encode_speech(mimi, [np.zeros(FRAME_SAMPLES, np.float32)])
-    return codes[:, -1]
+def served_silence(mimi: MimiModel, frames: int = SILENCE_FRAMES) -> torch.Tensor:
+    """[codebooks, frames]: what a quiet microphone encodes to frame by frame from a session's start. Not one column:
+    the codec's first frames differ, and after about two seconds its codes settle on others than in its first second
+    (a model trained on one column heard a long silence as something new, and asked in it)."""
+    with torch.no_grad():
+        codes = mimi.encode(torch.zeros(1, 1, frames * FRAME_SAMPLES, device=next(mimi.parameters()).device))
+    return codes[0].cpu()
 
 
 def speak_and_encode(mimi: MimiModel, lines: list[tuple[str, Voice, float]], batch_size: int = 16) -> list[Utterance]:
@@ -168,12 +172,14 @@ class Assembler:
         self.forbidden = non_text_ids(tokenizer, span)
         self.silence = torch.tensor(span.silence_codes, dtype=torch.long)
 
-    def quiet(self, frames: int) -> torch.Tensor:
-        """Live frames where nobody speaks: text pad, the silence codes on the agent rows and, on the user rows, what
-        the codec makes of a quiet microphone (`steady_silence`: not the placeholder codes, which stand in for
-        silence inside spans only; a model trained on those would hear something else while it answers)."""
-        column = torch.cat([torch.tensor([self.span.text_pad_id]), self.silence, self.user_silence])
-        return column[:, None].repeat(1, frames)
+    def quiet(self, frames: int, at: int = 0) -> torch.Tensor:
+        """Live frames `at`.. where nobody speaks: text pad, the silence codes on the agent rows and, on the user rows,
+        what the codec makes of a quiet microphone that many frames into a session (`served_silence`: not the
+        placeholder codes, which stand in for silence inside spans only; a model trained on those would hear
+        something else while it answers)."""
+        head = torch.cat([torch.tensor([self.span.text_pad_id]), self.silence])[:, None].repeat(1, frames)
+        index = torch.arange(at, at + frames).clamp(max=self.user_silence.shape[1] - 1)
+        return torch.cat([head, self.user_silence[:, index]])
 
     def speech(self, utterance: Utterance) -> torch.Tensor:
         frames = self.quiet(utterance.codes.shape[1])
@@ -221,13 +227,13 @@ class Assembler:
             at += frames.shape[1]
 
         for _ in range(turns):
-            add(self.quiet(rng.randint(2, 12)))
+            add(self.quiet(rng.randint(2, 12), at))
             if rng.random() < CHATTER_SHARE and corpus.chatter:
                 add(self.speech(rng.choice(corpus.chatter)))
-                add(self.quiet(rng.randint(3, 8)))
+                add(self.quiet(rng.randint(3, 8), at))
             kind = rng.random()
             if kind < QUIET_SHARE:
-                add(self.quiet(rng.randint(10, 60)))
+                add(self.quiet(rng.randint(10, 60), at))
                 continue
             app = kind < QUIET_SHARE + APP_SHARE
             if app:
@@ -240,7 +246,7 @@ class Assembler:
                 inject = ret + rng.randint(1, max_gap)
                 rets.append(ret)
             block, answer = self.span_and_reply(rng, inject, app)
-            add(self.quiet(max(inject + len(answer) + rng.randint(2, 8) - at, 0)))
+            add(self.quiet(max(inject + len(answer) + rng.randint(2, 8) - at, 0), at))
             frames = torch.cat(parts, dim=1)
             frames[0, inject:inject + len(answer)] = torch.tensor(answer)
             parts = [frames]

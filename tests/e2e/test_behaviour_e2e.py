@@ -57,9 +57,6 @@ RING_FRAMES = 96 + 320
 # of the answer's words said in order.
 PER_TEST = 6
 MIN_RECALL = 0.6
-# In some sessions the model asks once about 2 s after the session starts, in silence (a known gap: the persona
-# prefix is followed by a question in most of its training conversations); never later in a silence.
-EARLY_S = 4.0
 APP_TEXT = "Your train to the airport leaves at nine thirty from gate four."  # lexicon words, in no trained order
 
 
@@ -116,11 +113,10 @@ def questions_for(questions: list[str], test: int) -> list[str]:
     return questions[test::4]
 
 
-def test_no_ret_in_a_minute_of_silence_after_its_first_seconds(server: RunningServer) -> None:
+def test_no_ret_in_a_minute_of_silence(server: RunningServer) -> None:
     result = asyncio.run(stream_when_free(chat_url(server.ws, events=True), np.zeros(60 * SAMPLE_RATE, np.float32)))
     assert result.frames_sent >= 740
-    rets = result.of_type("retrieval")
-    assert len(rets) <= 1 and all(e.t < EARLY_S for e in rets), rets
+    assert not result.of_type("retrieval")
 
 
 def test_row_two_of_a_batch_next_to_a_busy_session_asks_and_answers(server: RunningServer,
@@ -151,7 +147,7 @@ def test_after_the_kv_ring_has_wrapped_the_model_still_asks_and_answers(server: 
         result = asyncio.run(stream_when_free(chat_url(server.ws, events=True), np.concatenate([lead, pcm]),
                                               until=answered(end + lead_s, lead_s), until_timeout_s=40.0))
         rets = result.of_type("retrieval")
-        assert all(e.t < EARLY_S for e in rets if e.t < lead_s), f"<ret> in the silence before the question: {rets}"
+        assert all(e.t >= lead_s for e in rets), f"<ret> in the silence before the question: {rets}"
         assert all(e.frame > RING_FRAMES for e in rets if e.t >= lead_s)
         return score(question, end + lead_s, result, lead_s)
 
@@ -159,7 +155,7 @@ def test_after_the_kv_ring_has_wrapped_the_model_still_asks_and_answers(server: 
 
 
 @pytest.mark.xfail(strict=True, reason="not yet: the model reads an app's span (injected, in silence, no <ret>) but "
-                   "says 8 % of its words in order (lexicon words in a new order; tool answers: 74 %)")
+                   "says fewer than 60 % of its words in order (lexicon words in a new order; tool answers: 95 %)")
 def test_a_span_an_app_pushes_is_said_too(server: RunningServer) -> None:
     pcm = np.zeros(2 * SAMPLE_RATE, np.float32)
     push = SpanInject(type="span.inject", text=APP_TEXT, source="app").model_dump_json()

@@ -31,8 +31,8 @@ from frontend_model.training.data import (
     Corpus,
     batch,
     ret_after,
+    served_silence,
     speak_and_encode,
-    steady_silence,
     synthesise_corpus,
 )
 from frontend_model.training.recipes import _TEMPLATES, HELD_OUT_VOICES, TRAIN_VOICES, draw_exchange
@@ -53,7 +53,7 @@ def corpus(model: LoadedModel) -> Corpus:
 
 def assembler(model: LoadedModel, voice: VoicePrompt | None = None) -> Assembler:
     return Assembler(model.tokenizer, model.span, list(model.lm.delays), model.lm._get_initial_token()[0, :, 0],
-                     voice, steady_silence(model.mimi))
+                     voice, served_silence(model.mimi))
 
 
 def test_a_training_turn_has_ret_after_the_question_then_the_served_span_block_then_the_answer(
@@ -225,12 +225,14 @@ def test_a_short_training_writes_a_context_spanning_checkpoint_loaded_once_per_k
 
 
 def test_the_user_is_quiet_in_training_as_a_quiet_microphone_encodes_when_serving(model: LoadedModel) -> None:
-    """Codes the model never saw while answering (the span placeholders) would stop it copying the span."""
+    """Frame by frame from a session's start, through its first seconds and into a long silence: codes the model
+    never saw in silence (the span placeholders, or one settled column) made it ask in silence or stop copying."""
     codec = FrameCodec(model.mimi)
     codec.open()
     try:
-        served = [codec.encode(np.zeros(FRAME_SAMPLES, np.float32)) for _ in range(8)][-1]
+        served = torch.stack([codec.encode(np.zeros(FRAME_SAMPLES, np.float32)).cpu() for _ in range(240)], dim=1)
     finally:
         codec.close()
-    quiet_user = assembler(model).quiet(1)[1 + model.span.agent_codebooks:, 0]
-    assert torch.equal(quiet_user, served.cpu())
+    a = assembler(model)
+    assert torch.equal(a.quiet(240)[1 + model.span.agent_codebooks:], served)
+    assert torch.equal(a.quiet(40, at=200)[1 + model.span.agent_codebooks:], served[:, 200:])
