@@ -25,16 +25,23 @@ class ForwardFault:
             raise ValueError(f"unknown fault kind {kind!r}")
         self.kind = kind
         self.fired = 0
-        layer = engine.model.lm.transformer.layers[-1]
-        layer._streaming_state.armed = torch.zeros(engine.slots, dtype=torch.bool, device=engine.model.device)
-        self._state = layer._streaming_state
-        self._handle = layer.register_forward_hook(self._hook)
+        self._layer = engine.model.lm.transformer.layers[-1]
+        self._device = engine.model.device
+        self._handle = self._layer.register_forward_hook(self._hook)
 
     def arm(self, slot: int) -> None:
-        self._state.armed[slot] = True
+        self._flags()[slot] = True
 
     def disarm(self, slot: int) -> None:
-        self._state.armed[slot] = False
+        self._flags()[slot] = False
+
+    def _flags(self) -> torch.Tensor:
+        """The armed flags of the layer's streaming state now: a batch that restarts (or grows) has a new state."""
+        state = self._layer._streaming_state
+        armed = getattr(state, "armed", None)
+        if armed is None or armed.shape[0] != state.batch_size:
+            armed = state.armed = torch.zeros(state.batch_size, dtype=torch.bool, device=self._device)
+        return armed
 
     def __enter__(self) -> ForwardFault:
         return self
