@@ -86,7 +86,8 @@ async def two_clients(ws: str, pcm: np.ndarray) -> list[StreamResult]:
     url = chat_url(ws, events=True)
     start = time.perf_counter() + CONNECT_S
     second = start + JOIN_FRAMES * FRAME_SAMPLES / SAMPLE_RATE
-    return list(await asyncio.gather(stream(url, pcm, start_at=start), stream(url, pcm, start_at=second)))
+    return list(await asyncio.gather(stream(url, pcm, start_at=start, every_stats=True),
+                                     stream(url, pcm, start_at=second, every_stats=True)))
 
 
 def run_scenario(scenario: Scenario, workdir: Path, pcm: np.ndarray, ret_frame: int) -> dict[str, Any]:

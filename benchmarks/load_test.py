@@ -91,7 +91,8 @@ async def drive(url: str, sessions: int, pcm: np.ndarray, pid: int | None,
 
     async def client(k: int) -> StreamResult:
         at = start + k * (JOIN_FRAMES * frame_s + (frame_s / sessions if spread else 0.0))
-        return await stream(chat_url(ws, events=True), pcm, page_samples=page_samples, start_at=at)
+        return await stream(chat_url(ws, events=True), pcm, page_samples=page_samples, start_at=at,
+                            every_stats=True)
 
     sampler = asyncio.create_task(sample())
     ws = url.replace("http", "ws", 1)

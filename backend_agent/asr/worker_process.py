@@ -28,7 +28,7 @@ import numpy as np
 from backend_agent.asr.transcriber import ASRLoadError, WhisperTranscriber
 
 logger = logging.getLogger(__name__)
-NICENESS = 19
+NICENESS = 10  # as the tool threads (server/session/backend.py)
 RESTART_DELAYS_S = (1.0, 2.0, 5.0, 15.0, 30.0)  # between failed restarts; the last one repeats
 _transcriber: WhisperTranscriber | None = None
 _load_error: str | None = None
@@ -41,12 +41,11 @@ class ASRRestarting(RuntimeError):
 
 
 def _lower_priority() -> None:
-    """SCHED_IDLE where Linux offers it: Whisper gets only CPU time the frame worker leaves."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        with contextlib.suppress(OSError):
-            os.nice(NICENESS)
+    """Nice 10: under contention Linux gives Whisper about a tenth of a core beside the frame worker, so frames come
+    first yet a question is still transcribed. SCHED_IDLE (only the time the frames leave) starved it for good on a
+    host where the sessions use every core: no transcript, every span dropped late."""
+    with contextlib.suppress(OSError):
+        os.nice(NICENESS)
 
 
 def _load(model: str | None, device: str) -> None:

@@ -50,6 +50,7 @@ async def stream(
     until: Callable[[StreamResult], bool] | None = None,
     until_timeout_s: float = 30.0,
     texts: Sequence[tuple[float, str]] = (),
+    every_stats: bool = False,
 ) -> StreamResult:
     """For tests and benchmarks: send `pcm` (24 kHz float32) as Ogg Opus, `page_samples` at a time (default one
     80 ms frame; a divisor of it, at least 960, for shorter pages), paced by an absolute schedule, and collect
@@ -63,6 +64,8 @@ async def stream(
     `until`: after `pcm`, keep the session going with silence until `until(result)` holds (at most
     `until_timeout_s`), e.g. until an answer the client waits for has come, however long this host takes.
     `texts` are (seconds into the audio, JSON text message) pairs, e.g. a `span.inject`, sent at those times.
+    `every_stats`: after the audio, also wait for the `stats` (sent once a second) that time every frame answered,
+    so that a benchmark measures them all (at most DRAIN_LIMIT_S in all; a session needs `events`).
     """
     if FRAME_SAMPLES % page_samples or page_samples < 960:
         raise ValueError(f"page_samples must divide {FRAME_SAMPLES} and be at least 960 (sphn's Opus page)")
@@ -128,6 +131,9 @@ async def stream(
                 if time.perf_counter() >= quiet_until:
                     break
                 await asyncio.sleep(quiet_until - time.perf_counter())
+            while (every_stats and conversation.close_code is None and time.perf_counter() - sent < DRAIN_LIMIT_S
+                   and sum(s.frames_out for s in result.of_type("stats")) < result.audio_messages):
+                await asyncio.sleep(0.05)
         finally:
             receiver.cancel()
             await asyncio.gather(receiver, return_exceptions=True)

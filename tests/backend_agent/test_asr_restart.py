@@ -20,7 +20,13 @@ import pytest
 
 from backend_agent.asr.streaming import StreamingASR, Transcript
 from backend_agent.asr.transcriber import bundled_model_path
-from backend_agent.asr.worker_process import ASRProcess, ASRRestarting, start_asr_process, transcribe
+from backend_agent.asr.worker_process import (
+    NICENESS,
+    ASRProcess,
+    ASRRestarting,
+    start_asr_process,
+    transcribe,
+)
 from tests.support.speech import silence, speak
 
 QUESTION = "What time is it in Tokyo?"
@@ -36,6 +42,15 @@ def wait_for_restarts(asr: ASRProcess, count: int) -> float:
         assert time.monotonic() - started < RESTART_LIMIT_S, f"no new Whisper process: {asr.restart_error}"
         time.sleep(0.05)
     return time.monotonic() - started
+
+
+def niceness(pid: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, pid)
+
+
+def lowered() -> int:
+    """What the Whisper process's niceness must be: this process's, lowered by NICENESS (Linux's floor is 19)."""
+    return min(19, niceness(0) + NICENESS)
 
 
 def call(asr: ASRProcess, audio: np.ndarray, limit_s: float = TRANSCRIBE_LIMIT_S) -> str:
@@ -58,6 +73,7 @@ def test_killed_process_fails_fast_and_is_replaced(asr: ASRProcess, tmp_path: Pa
     assert "tokyo" in heard.lower(), heard
     first_pid = asr.pid
     assert asr.submit(os.getpid).result(timeout=CALL_LIMIT_S) == first_pid
+    assert niceness(first_pid) == lowered(), "Whisper yields to the frames"
 
     # Killed while idle: the next call finds the pool broken (on submit, or on its future if the pool has not
     # noticed the death yet), and calls while the new process loads are refused at once.
@@ -72,6 +88,7 @@ def test_killed_process_fails_fast_and_is_replaced(asr: ASRProcess, tmp_path: Pa
     restart_s = wait_for_restarts(asr, 1)
     assert asr.pid != first_pid
     assert asr.submit(os.getpid).result(timeout=CALL_LIMIT_S) == asr.pid
+    assert niceness(asr.pid) == lowered(), "the replacement yields to the frames too"
     assert call(asr, audio) == heard
 
     # Killed mid-call: that call fails with the process, and the process is replaced once more.

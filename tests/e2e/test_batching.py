@@ -31,7 +31,7 @@ def count_and_sum(histogram: Histogram) -> tuple[float, float]:
     return values["count"], values["sum"]
 
 
-def test_three_sessions_share_ticks_and_keep_pace(tmp_path: Path, speech: np.ndarray) -> None:
+def test_three_sessions_share_ticks_and_none_stalls(tmp_path: Path, speech: np.ndarray) -> None:
     settings = pinned_settings(recordings_dir=tmp_path / "rec", max_sessions=3, asr=False)
     with in_process_server(settings, load_model("tiny")) as server:
         assert server.state.batcher is not None and server.state.batcher.size == 3
