@@ -262,7 +262,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from frontend_model.training.checkpoint import trained_checkpoint
+    from frontend_model.training.released import tiny_contextspan_checkpoint
     from frontend_model.training.trainer import TrainConfig
 
     parser = argparse.ArgumentParser(prog="contextspan bench behaviour", description=__doc__,
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", nargs="+", type=int, default=[1, 4])
     parser.add_argument("--json", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    checkpoint = args.checkpoint or trained_checkpoint(TrainConfig())
+    checkpoint = args.checkpoint or tiny_contextspan_checkpoint(TrainConfig())
     questions = held_out_questions(args.questions)
     started = time.monotonic()
     rows = []

@@ -61,9 +61,9 @@ case "${1:-}" in
         shift
         setup_python serve
         profile=()
-        # Without a GPU and without --profile: the tiny Context Spanning model trained on this machine (espeak-ng
-        # and sox speak its training questions; trained once, with a progress bar, then cached), which asks for
-        # facts and says them.
+        # Without a GPU and without --profile: the tiny Context Spanning model trained here (its committed weights;
+        # a changed recipe trains once, with a progress bar: espeak-ng and sox speak its questions), which asks
+        # for facts and says them.
         if ! printf '%s\n' "$@" | grep -q -- '^--profile' &&
             ! .venv/bin/python -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
             setup_debian_packages serve

@@ -114,10 +114,10 @@ def load_model(
         model.suppressed_text_ids = frozenset({model.span.ret_id, model.span.open_id, model.span.close_id})
         return model
     if profile == TRAINED_PROFILE:
-        from frontend_model.training.checkpoint import trained_checkpoint  # it loads models through this module
+        from frontend_model.training.released import tiny_contextspan_checkpoint  # it loads models through here
         from frontend_model.training.trainer import TrainConfig
 
-        path = trained_checkpoint(TrainConfig(seed=seed))
+        path = tiny_contextspan_checkpoint(TrainConfig(seed=seed))
         model = _load_checkpoint(profile, str(path), device, dtype, context)
         model.description = f"{profile}: the tiny Context Spanning model trained here (seed {seed}) at {path}"
         return model

@@ -1,4 +1,5 @@
-"""`contextspan train --out DIR`: the trained tiny Context Spanning checkpoint, from the cache or trained here."""
+"""`contextspan train --out DIR`: the trained tiny Context Spanning checkpoint (from the cache, its committed release,
+or trained here); `--release` also commits its weights to the source tree."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 import shutil
 from pathlib import Path
 
-from frontend_model.training.checkpoint import REPORT, trained_checkpoint
+from frontend_model.training.checkpoint import REPORT
+from frontend_model.training.released import WEIGHTS_DIR, release, tiny_contextspan_checkpoint
 from frontend_model.training.trainer import TrainConfig
 
 
@@ -20,11 +22,15 @@ def train_main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads while training")
     parser.add_argument("--cache-dir", type=Path, default=None, help="default: $XDG_CACHE_HOME/contextspan")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--release", action="store_true",
+                        help=f"also write its trained tensors to {WEIGHTS_DIR} (to commit), replacing older releases")
     args = parser.parse_args(argv)
     config = TrainConfig(seed=args.seed, steps=args.steps, threads=args.threads)
-    cached = trained_checkpoint(config, args.cache_dir, progress=not args.no_progress)
+    cached = tiny_contextspan_checkpoint(config, args.cache_dir, progress=not args.no_progress)
     shutil.copytree(cached, args.out, dirs_exist_ok=True)
     report = json.loads((args.out / REPORT).read_text())
     print(json.dumps({"checkpoint": str(args.out), "cached": str(cached), **report}, indent=2))
+    if args.release:
+        print(f"released: {release(cached)} (commit it)")
     print(f"serve it: contextspan serve --profile contextspan --checkpoint {args.out}")
     return 0

@@ -1,0 +1,66 @@
+"""The committed release of the trained weights: it restores the checkpoint training wrote, bit for bit, without
+training; it is only ever used for the recipe that made it; and the default recipe has one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from frontend_model.training import checkpoint as training_checkpoint
+from frontend_model.training.checkpoint import REPORT, VOICE_NAME, cache_key, trained_checkpoint
+from frontend_model.training.released import VOICE_KEY, release, released_file, tiny_contextspan_checkpoint
+from frontend_model.training.trainer import TrainConfig
+
+SHORT = TrainConfig(steps=2, batch_size=2, train_questions=2, train_chatter=1, context=40)
+
+
+def weights(directory: Path) -> dict[str, torch.Tensor]:
+    return torch.load(directory / "context_spanning_7b.pt", weights_only=True)["model"]
+
+
+def voice(directory: Path) -> torch.Tensor:
+    return torch.load(directory / "voices" / f"{VOICE_NAME}.pt", weights_only=True)["codes"]
+
+
+def must_not_train(*args: object, **kwargs: object) -> None:
+    raise AssertionError("trained although a release of this recipe was there")
+
+
+def test_a_release_restores_the_trained_checkpoint_exactly_without_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trained = trained_checkpoint(SHORT, tmp_path / "trained-here", progress=False)
+    released = release(trained, tmp_path / "weights")
+    assert released == released_file(cache_key(SHORT), tmp_path / "weights")
+    with safe_open(str(released), framework="pt") as file:
+        names = set(file.keys())
+    assert VOICE_KEY in names and "transformer.layers.0.self_attn.in_projs.0.weight" in names
+    assert not any(name.startswith("depformer") for name in names), "only what training changed is released"
+
+    monkeypatch.setattr(training_checkpoint, "train_into", must_not_train)
+    restored = tiny_contextspan_checkpoint(SHORT, tmp_path / "elsewhere", progress=False,
+                                           weights_dir=tmp_path / "weights")
+    assert restored.name == trained.name and restored != trained
+    original, copy = weights(trained), weights(restored)
+    assert original.keys() == copy.keys() and all(torch.equal(original[k], copy[k]) for k in original)
+    assert torch.equal(voice(trained), voice(restored))
+    assert json.loads((restored / REPORT).read_text())["released"] == released.name
+
+
+def test_a_release_of_another_recipe_is_refused(tmp_path: Path) -> None:
+    trained = trained_checkpoint(SHORT, tmp_path / "trained-here", progress=False)
+    other = TrainConfig(steps=SHORT.steps + 1, batch_size=2, train_questions=2, train_chatter=1, context=40)
+    release(trained, tmp_path / "weights").rename(released_file(cache_key(other), tmp_path / "weights"))
+    with pytest.raises(ValueError, match="holds the weights of recipe"):
+        tiny_contextspan_checkpoint(other, tmp_path / "elsewhere", progress=False, weights_dir=tmp_path / "weights")
+
+
+def test_the_default_recipe_is_released() -> None:
+    key = cache_key(TrainConfig())
+    assert released_file(key).is_file(), (
+        f"the training recipe changed (key {key}) and its weights are not released: run `contextspan train --out "
+        "/tmp/trained --release` (15-25 minutes on 2 cores) and commit frontend_model/training/weights/")
