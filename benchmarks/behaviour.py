@@ -65,12 +65,13 @@ def held_out_questions(count: int, seed: int = 7) -> list[str]:
     return questions
 
 
-def audible_questions(count: int, voice: Voice, seed: int = 7) -> list[str]:
+def audible_questions(count: int, voice: Voice, seed: int = 7, heard: dict[str, str] | None = None) -> list[str]:
     """Held-out questions, in the fixed order, that Whisper (the server's ASR, on the clean speech) hears as a question
     the built-in router answers as it answers the question itself. The bench scores every question; a test that must
     see the speech model use a span asks these, so that its outcome is the speech model's, not the ASR's misses
     (Whisper tiny.en mishears about a third of the held-out voice's questions: "what is your game" for "what is
-    today's date")."""
+    today's date"). Each synthesis differs a little (sox dithers), so a question on the edge is heard one way or the
+    other: `heard`, if given, gets what Whisper made of each question picked."""
     transcriber = WhisperTranscriber()
     router = Router(build_catalogue(clock=lambda: datetime(2026, 12, 2, 9, 30, tzinfo=UTC)))
     found: list[str] = []
@@ -78,10 +79,12 @@ def audible_questions(count: int, voice: Voice, seed: int = 7) -> list[str]:
     while len(found) < count:
         asked += count
         for question in held_out_questions(asked, seed)[asked - count:]:
-            heard = router.answer(transcriber.transcribe(resample_24k_to_16k(speak(question, voice))))
-            expected = router.answer(question)
-            if heard is not None and expected is not None and heard.text == expected.text and len(found) < count:
+            transcript = transcriber.transcribe(resample_24k_to_16k(speak(question, voice)))
+            answer, expected = router.answer(transcript), router.answer(question)
+            if answer is not None and expected is not None and answer.text == expected.text and len(found) < count:
                 found.append(question)
+                if heard is not None:
+                    heard[question] = transcript
     return found
 
 
