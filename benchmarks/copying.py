@@ -1,0 +1,130 @@
+"""`contextspan bench copy`: how well a trained checkpoint says what a span holds, offline (no server, no ASR).
+
+Conversations are drawn by the training assembler (`Assembler.conversation`: the sequence convention, one turn each)
+with held-out questions, voice and statements, and sorted by what their span held: a tool's answer (after `<ret>`),
+the abstain span, or an app's text (`span.inject`: no question, no `<ret>`, lexicon words in a new order). Per kind:
+the answer's tokens the model predicts teacher-forced (argmax), and the answer's words it says in order when it
+writes its own answer greedily, token by token on its text row (its other rows as drawn). `bench behaviour` measures
+the served model, sampled; this isolates the copying.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from benchmarks.behaviour import in_order_recall, words
+from benchmarks.report import machine_info, save_json
+from frontend_model.loading.loader import LoadedModel, load_model
+from frontend_model.span.voice_prompt import VoicePrompt
+from frontend_model.training.checkpoint import VOICE_NAME
+from frontend_model.training.data import ABSTAIN_REPLY, Assembler, Sequence, served_silence, synthesise_corpus
+from frontend_model.training.trainer import TrainConfig
+
+DEFAULT_OUT = Path("benchmarks/results/copy-tiny-contextspan-cpu.json")
+KINDS = ("tool", "abstain", "app")
+PASS_RECALL = 0.6  # what the e2e tests need of an answer (`tests/e2e/test_behaviour_e2e.py`, MIN_RECALL)
+
+
+@dataclass(frozen=True)
+class Said:
+    kind: str
+    expected: str
+    greedy: str
+    token_hits: int
+    tokens: int
+
+    @property
+    def recall(self) -> float:
+        return in_order_recall(words(self.expected), words(self.greedy))
+
+
+def kind_of(sequence: Sequence, text: str) -> str | None:
+    """What the one turn's span held, from its layout: no answer (a quiet turn) is None."""
+    if not sequence.answer_columns:
+        return None
+    if not sequence.ret_columns:
+        return "app"
+    return "abstain" if text == ABSTAIN_REPLY else "tool"
+
+
+@torch.no_grad()
+def said(model: LoadedModel, sequence: Sequence, kind: str) -> Said:
+    lm, decode = model.lm, model.tokenizer.decode
+    columns = sequence.columns[None].clone()
+    answer = list(sequence.answer_columns[0])
+    _, logits = lm.forward_text(columns[:, :, :-1])
+    predicted = logits[0, 0].argmax(-1)
+    hits = sum(int(predicted[c - 1] == columns[0, 0, c]) for c in answer)
+    expected = decode([int(columns[0, 0, c]) for c in answer])
+    for c in answer:
+        _, logits = lm.forward_text(columns[:, :, :c])
+        columns[0, 0, c] = logits[0, 0, -1].argmax()
+    return Said(kind, expected, decode([int(columns[0, 0, c]) for c in answer]), hits, len(answer))
+
+
+def measure(model: LoadedModel, voice_codes: torch.Tensor, per_kind: int, seed: int) -> list[Said]:
+    """`per_kind` turns of each kind, drawn as training draws them (held-out split), in a fixed order."""
+    lm = model.lm
+    assembler = Assembler(model.tokenizer, model.span, list(lm.delays), lm._get_initial_token()[0, :, 0].cpu(),
+                          VoicePrompt("agent", codes=voice_codes), served_silence(model.mimi))
+    corpus = synthesise_corpus(model.mimi, "held_out", 2 * per_kind, per_kind, seed)
+    rng = random.Random(seed)
+    out: list[Said] = []
+    wanted = dict.fromkeys(KINDS, per_kind)
+    while any(wanted.values()):
+        sequence = assembler.conversation(rng, corpus, TrainConfig().max_gap, 1)
+        text = model.tokenizer.decode([int(sequence.columns[0, c]) for a in sequence.answer_columns for c in a])
+        kind = kind_of(sequence, text)
+        if kind is not None and wanted[kind]:
+            wanted[kind] -= 1
+            out.append(said(model, sequence, kind))
+    return out
+
+
+def summary(results: list[Said]) -> list[dict[str, object]]:
+    rows = []
+    for kind in KINDS:
+        mine = [r for r in results if r.kind == kind]
+        rows.append({"kind": kind, "turns": len(mine),
+                     "tokens_teacher_forced": round(sum(r.token_hits for r in mine) / sum(r.tokens for r in mine), 3),
+                     "words_in_order_greedy": round(statistics.fmean(r.recall for r in mine), 3),
+                     "turns_at_pass_recall": round(sum(r.recall >= PASS_RECALL for r in mine) / len(mine), 3),
+                     "examples": [{"span": r.expected, "said": r.greedy} for r in mine[:3]]})
+    return rows
+
+
+def table(rows: list[dict[str, object]]) -> str:
+    lines = [f"| span | turns | answer tokens, teacher-forced | words in order, greedy | turns >= {PASS_RECALL:.0%} |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['kind']} | {r['turns']} | {r['tokens_teacher_forced']:.1%} | {r['words_in_order_greedy']:.1%} | "
+              f"{r['turns_at_pass_recall']:.0%} |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from frontend_model.training.released import tiny_contextspan_checkpoint
+
+    parser = argparse.ArgumentParser(prog="contextspan bench copy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=Path, default=None, help="default: the trained tiny model (cache)")
+    parser.add_argument("--turns", type=int, default=30, help="turns of each kind")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    checkpoint = args.checkpoint or tiny_contextspan_checkpoint(TrainConfig())
+    started = time.monotonic()
+    model = load_model("contextspan", str(checkpoint), device="cpu", dtype=torch.float32)
+    voice = torch.load(checkpoint / "voices" / f"{VOICE_NAME}.pt", map_location="cpu", weights_only=True)["codes"]
+    rows = summary(measure(model, voice, args.turns, args.seed))
+    print(table(rows))
+    save_json(args.json, {"machine": machine_info("cpu"), "checkpoint": str(checkpoint), "turns": args.turns,
+                          "seed": args.seed, "seconds": round(time.monotonic() - started), "kinds": rows})
+    return 0
+
