@@ -48,6 +48,8 @@ NO_RET_S = 5.0  # stream time after the question with no `<ret>`: the model did 
 # A second `<ret>` while the first is being answered is refused with this reason; the first one's span still comes.
 IN_FLIGHT = "a retrieval is already in flight"
 FREE_WAIT_S = 10.0  # how long a session waits for the previous one's slot
+# An answer counts as said when this share of its words comes in order (what the e2e tests ask of a turn).
+SAID_RECALL = 0.6
 DEFAULT_OUT = Path("benchmarks/results/behaviour-tiny-contextspan-cpu.json")
 # Flags every behaviour server runs with: the sessions the run needs, spans as long as they come, a deadline no
 # host's Whisper reaches (the times are measured, not cut).

@@ -19,17 +19,15 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.behaviour import in_order_recall, words
+from benchmarks.behaviour import SAID_RECALL, in_order_recall, words
 from benchmarks.report import machine_info, save_json
 from frontend_model.loading.loader import LoadedModel, load_model
-from frontend_model.span.voice_prompt import VoicePrompt
 from frontend_model.training.checkpoint import VOICE_NAME
 from frontend_model.training.data import ABSTAIN_REPLY, Assembler, Sequence, served_silence, synthesise_corpus
 from frontend_model.training.trainer import TrainConfig
 
 DEFAULT_OUT = Path("benchmarks/results/copy-tiny-contextspan-cpu.json")
 KINDS = ("tool", "abstain", "app")
-PASS_RECALL = 0.6  # what the e2e tests need of an answer (`tests/e2e/test_behaviour_e2e.py`, MIN_RECALL)
 
 
 @dataclass(frozen=True)
@@ -69,11 +67,11 @@ def said(model: LoadedModel, sequence: Sequence, kind: str) -> Said:
     return Said(kind, expected, decode([int(columns[0, 0, c]) for c in answer]), hits, len(answer))
 
 
-def measure(model: LoadedModel, voice_codes: torch.Tensor, per_kind: int, seed: int) -> list[Said]:
+def measure(model: LoadedModel, per_kind: int, seed: int) -> list[Said]:
     """`per_kind` turns of each kind, drawn as training draws them (held-out split), in a fixed order."""
     lm = model.lm
     assembler = Assembler(model.tokenizer, model.span, list(lm.delays), lm._get_initial_token()[0, :, 0].cpu(),
-                          VoicePrompt("agent", codes=voice_codes), served_silence(model.mimi))
+                          model.voice_prompts[VOICE_NAME], served_silence(model.mimi))
     corpus = synthesise_corpus(model.mimi, "held_out", 2 * per_kind, per_kind, seed)
     rng = random.Random(seed)
     out: list[Said] = []
@@ -95,13 +93,13 @@ def summary(results: list[Said]) -> list[dict[str, object]]:
         rows.append({"kind": kind, "turns": len(mine),
                      "tokens_teacher_forced": round(sum(r.token_hits for r in mine) / sum(r.tokens for r in mine), 3),
                      "words_in_order_greedy": round(statistics.fmean(r.recall for r in mine), 3),
-                     "turns_at_pass_recall": round(sum(r.recall >= PASS_RECALL for r in mine) / len(mine), 3),
+                     "turns_at_pass_recall": round(sum(r.recall >= SAID_RECALL for r in mine) / len(mine), 3),
                      "examples": [{"span": r.expected, "said": r.greedy} for r in mine[:3]]})
     return rows
 
 
 def table(rows: list[dict[str, object]]) -> str:
-    lines = [f"| span | turns | answer tokens, teacher-forced | words in order, greedy | turns >= {PASS_RECALL:.0%} |",
+    lines = [f"| span | turns | answer tokens, teacher-forced | words in order, greedy | turns >= {SAID_RECALL:.0%} |",
              "|---|---|---|---|---|"]
     lines += [f"| {r['kind']} | {r['turns']} | {r['tokens_teacher_forced']:.1%} | {r['words_in_order_greedy']:.1%} | "
               f"{r['turns_at_pass_recall']:.0%} |" for r in rows]
@@ -121,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = args.checkpoint or tiny_contextspan_checkpoint(TrainConfig())
     started = time.monotonic()
     model = load_model("contextspan", str(checkpoint), device="cpu", dtype=torch.float32)
-    voice = torch.load(checkpoint / "voices" / f"{VOICE_NAME}.pt", map_location="cpu", weights_only=True)["codes"]
-    rows = summary(measure(model, voice, args.turns, args.seed))
+    rows = summary(measure(model, args.turns, args.seed))
     print(table(rows))
     save_json(args.json, {"machine": machine_info("cpu"), "checkpoint": str(checkpoint), "turns": args.turns,
                           "seed": args.seed, "seconds": round(time.monotonic() - started), "kinds": rows})

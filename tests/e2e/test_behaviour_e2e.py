@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from benchmarks.behaviour import (
+    SAID_RECALL,
     Turn,
     answered,
     ask,
@@ -53,10 +54,9 @@ RING_FRAMES = 96 + 320
 # The model is sampled, and it is tiny: it does not ask after every question (the bench measures how often, README).
 # Each behaviour below gets its own six held-out questions, ones Whisper hears right (`audible_questions`: the test is
 # the speech model's, not the ASR's), and must show itself on one of them: `<ret>` from the model within 2 s of the
-# question's end, the question transcribed and answered by the router, the span injected, and at least `MIN_RECALL`
+# question's end, the question transcribed and answered by the router, the span injected, and at least `SAID_RECALL`
 # of the answer's words said in order.
 PER_TEST = 6
-MIN_RECALL = 0.6
 APP_TEXT = "Your train to the airport leaves at nine thirty from gate four."  # lexicon words, in no trained order
 
 
@@ -84,7 +84,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, trained: Path) -> Iterator[
 
 def used_the_span(turn: Turn) -> bool:
     return bool(turn.asked and turn.ret_ms is not None and turn.ret_ms < 2000 and turn.heard and turn.span
-                and turn.span != CONTRACTS["contextspan"].abstain_text and turn.recall >= MIN_RECALL)
+                and turn.span != CONTRACTS["contextspan"].abstain_text and turn.recall >= SAID_RECALL)
 
 
 def first_answered(questions: list[str], ask_one: Callable[[str], Turn]) -> Turn:
@@ -170,7 +170,7 @@ def test_a_span_an_app_pushes_is_said_too(server: RunningServer) -> None:
     spans = result.of_type("span.injected")
     assert len(spans) == 1 and spans[0].source == "app"
     said = "".join(e.text for e in result.of_type("agent.text") if e.frame >= spans[0].step)
-    assert in_order_recall(words(spans[0].text), words(said)) >= MIN_RECALL, said
+    assert in_order_recall(words(spans[0].text), words(said)) >= SAID_RECALL, said
 
 
 def test_with_the_chunked_prefill_the_model_asks_and_answers(tmp_path: Path, trained: Path,
