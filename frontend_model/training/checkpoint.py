@@ -5,20 +5,18 @@ Layout: the tiny base files (random base LM, Mimi, tokenizer, configs, `contexts
 (what made it: the cache key, the configuration, the last metrics, the time it took). `config.json` carries the
 attention context the model was trained with. Loaded by `--profile contextspan --checkpoint DIR` like any release.
 
-The cache directory holds one trained checkpoint per hash of its inputs: the code of the convention, the data and
-the trainer, the hyper-parameters and data recipe, the tiny profile and the seed. A file lock makes concurrent
-callers (pytest workers, a second `contextspan train`) wait for one training instead of running two.
+The cache directory holds one trained checkpoint per hash of what shapes the weights: the code of the convention, the
+data and the trainer, the hyper-parameters and data recipe (not how many processes draw the batches: they are the
+same), the tiny profile and the seed. `cache.cached` makes it once per machine.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import platform
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -34,10 +32,12 @@ from frontend_model.loading.tiny_files import MIMI_CONFIG_NAME, cached_tiny_chec
 from frontend_model.loading.tiny_tokenizer import cache_root, tiny_tokenizer_path
 from frontend_model.span import block, build, config, convention, normaliser
 from frontend_model.training import data, recipes, speech, trainer
+from frontend_model.training.cache import cached
 from frontend_model.training.trainer import TrainConfig, Trained, train
 
 VOICE_NAME = "agent"
 REPORT = "training.json"
+PREFIX = "contextspan-tiny-"
 # Every module whose code shapes the training data or the weights (the router and its tools write the spans).
 _SOURCES = (convention, block, build, config, normaliser, tiny_files, data, recipes, speech, trainer, router,
             arithmetic, clock, date, numbers, places, time_in_place, unit_conversion)
@@ -48,30 +48,21 @@ def cache_key(train_config: TrainConfig) -> str:
     for module in _SOURCES:
         digest.update(Path(str(module.__file__)).read_bytes())
     digest.update(Path(__file__).read_bytes())
-    inputs = [train_config.as_dict(), TINY_LM_CONFIG, TINY_MIMI_CONFIG, tiny_tokenizer_path().name]
+    recipe = {name: value for name, value in train_config.as_dict().items() if name != "workers"}
+    inputs = [recipe, TINY_LM_CONFIG, TINY_MIMI_CONFIG, tiny_tokenizer_path().name]
     digest.update(json.dumps(inputs, sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 
+def cache_dir_of(key: str, cache_dir: Path | None = None) -> Path:
+    """Where the trained checkpoint of recipe `key` lives on this machine."""
+    return (cache_dir or cache_root()) / "trained" / f"{PREFIX}{key}"
+
+
 def trained_checkpoint(train_config: TrainConfig, cache_dir: Path | None = None, progress: bool = True) -> Path:
     """The cached trained checkpoint for `train_config`, trained here first if this machine has none."""
-    base = (cache_dir or cache_root()) / "trained"
     key = cache_key(train_config)
-    target = base / f"contextspan-tiny-{key}"
-    if target.is_dir():
-        return target
-    base.mkdir(parents=True, exist_ok=True)
-    with open(base / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
-        if target.is_dir():  # another process trained it while this one waited
-            return target
-        tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".{target.name}-"))
-        try:
-            train_into(train_config, tmp, key, progress)
-            os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return cached(cache_dir_of(key, cache_dir), lambda directory: train_into(train_config, directory, key, progress))
 
 
 def train_into(train_config: TrainConfig, directory: Path, key: str, progress: bool = True) -> Path:

@@ -25,6 +25,7 @@ import torch
 from moshi.models.compression import MimiModel
 
 from frontend_model.frame import FRAME_SAMPLES
+from frontend_model.loading.loader import LoadedModel
 from frontend_model.span.block import Prefix
 from frontend_model.span.build import build_prefix
 from frontend_model.span.config import SpanConfig
@@ -55,8 +56,9 @@ PERSONAS = ("", "You are a helpful assistant.", "You are a friendly voice assist
             "You answer questions about time, dates and numbers.")
 ABSTAIN_REPLY = "Sorry, I could not find that."
 ABSTAIN_SHARE = 0.1  # question turns whose span is the abstain span
-APP_SHARE = 0.12  # turns where an app pushes a span (no question, no `<ret>`)
 QUIET_SHARE = 0.15  # turns that ask nothing: a long stretch of silence
+APP_SHARE = 0.12  # turns where an app pushes a span (no question, no `<ret>`), unless the caller says otherwise
+ALL_APPS = 1 - QUIET_SHARE  # an app share where every turn that is not a long silence is an app's span
 CHATTER_SHARE = 0.3  # turns that start with a statement
 
 
@@ -209,11 +211,18 @@ class Assembler:
         said = SpanAt.from_text(frame, reply, self.tokenizer, self.span, MAX_SPAN_FRAMES)
         return block, list(said.text_ids[1:-1])
 
+    @classmethod
+    def for_model(cls, model: LoadedModel, voice: VoicePrompt | None) -> Assembler:
+        """The assembler of `model`'s tokenizer, span ids, delays and codec, with `voice` in its persona prefixes."""
+        lm = model.lm
+        return cls(model.tokenizer, model.span, list(lm.delays), lm._get_initial_token()[0, :, 0].cpu(), voice,
+                   served_silence(model.mimi))
+
     def conversation(self, rng: random.Random, corpus: Corpus, max_gap: int, turns: int,
-                     window: int | None = None) -> Sequence:
-        """One or more turns after an optional persona prefix: a question answered by a span, an app's span, or a
-        long silence, any of them after a statement. `window` keeps the last columns only (training cost), as a
-        long session's window reads them."""
+                     window: int | None = None, app_share: float = APP_SHARE) -> Sequence:
+        """One or more turns after an optional persona prefix: a question answered by a span, an app's span (in
+        `app_share` of the turns: no question, no `<ret>`), or a long silence, any of them after a statement.
+        `window` keeps the last columns only (training cost), as a long session's window reads them."""
         prefix = self.prefix(rng) if rng.random() < 0.7 else None
         parts: list[torch.Tensor] = []
         rets: list[int] = []
@@ -235,7 +244,7 @@ class Assembler:
             if kind < QUIET_SHARE:
                 add(self.quiet(rng.randint(10, 60), at))
                 continue
-            app = kind < QUIET_SHARE + APP_SHARE
+            app = kind < QUIET_SHARE + app_share
             if app:
                 inject = at + rng.randint(1, 12)
             else:

@@ -12,12 +12,8 @@ before: the key is `checkpoint.cache_key`, so a stale release is never used.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -27,14 +23,21 @@ from safetensors.torch import save_file
 from frontend_model.loading.checkpoint.files import CONTEXT_SPANNING_WEIGHTS
 from frontend_model.loading.loader import load_model
 from frontend_model.loading.tiny_files import cached_tiny_checkpoint
-from frontend_model.loading.tiny_tokenizer import cache_root
-from frontend_model.training.checkpoint import REPORT, VOICE_NAME, cache_key, trained_checkpoint, write_checkpoint
+from frontend_model.training.cache import cached
+from frontend_model.training.checkpoint import (
+    PREFIX,
+    REPORT,
+    VOICE_NAME,
+    cache_dir_of,
+    cache_key,
+    trained_checkpoint,
+    write_checkpoint,
+)
 from frontend_model.training.trainer import TrainConfig, Trained
 
 logger = logging.getLogger(__name__)
 WEIGHTS_DIR = Path(__file__).with_name("weights")
 VOICE_KEY = "voice.codes"
-PREFIX = "contextspan-tiny-"
 
 
 def released_file(key: str, weights_dir: Path = WEIGHTS_DIR) -> Path:
@@ -47,22 +50,12 @@ def tiny_contextspan_checkpoint(train_config: TrainConfig, cache_dir: Path | Non
     trained here (`checkpoint.trained_checkpoint`)."""
     key = cache_key(train_config)
     release = released_file(key, weights_dir)
-    base = (cache_dir or cache_root()) / "trained"
-    target = base / f"{PREFIX}{key}"
-    if release.is_file() and not target.is_dir():
-        base.mkdir(parents=True, exist_ok=True)
-        with open(base / f".{target.name}.lock", "w") as lock:  # the lock trained_checkpoint takes
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not target.is_dir():
-                tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".{target.name}-"))
-                try:
-                    restore(release, train_config, tmp, key)
-                    os.replace(tmp, target)
-                finally:
-                    shutil.rmtree(tmp, ignore_errors=True)
-    elif not release.is_file() and not target.is_dir():
-        logger.warning("no released weights for this training recipe (key %s): training here, 15-25 minutes on "
-                       "2 cores; `contextspan train --release` commits the result", key)
+    target = cache_dir_of(key, cache_dir)
+    if release.is_file():
+        return cached(target, lambda directory: restore(release, train_config, directory, key))
+    if not target.is_dir():
+        logger.warning("no released weights for this training recipe (key %s): training here (the default "
+                       "recipe: 15 to 23 minutes on 2 cores); `contextspan train --release` commits the result", key)
     return trained_checkpoint(train_config, cache_dir, progress)
 
 

@@ -57,7 +57,10 @@ RING_FRAMES = 96 + 320
 # question's end, the question transcribed and answered by the router, the span injected, and at least `SAID_RECALL`
 # of the answer's words said in order.
 PER_TEST = 6
-APP_TEXT = "Your train to the airport leaves at nine thirty from gate four."  # lexicon words, in no trained order
+# Lexicon words in no trained order; like a question, each behaviour must show itself on one of them (sampled).
+APP_TEXTS = ("Your train to the airport leaves at nine thirty from gate four.",
+             "The museum opens tomorrow morning at ten and closes at six.",
+             "Your parcel was delayed and arrives on Friday afternoon.")
 
 
 @pytest.fixture(scope="session")
@@ -155,22 +158,31 @@ def test_after_the_kv_ring_has_wrapped_the_model_still_asks_and_answers(server: 
 
 
 @pytest.mark.xfail(strict=True, reason="not yet: the model reads an app's span (injected, in silence, no <ret>) but "
-                   "says fewer than 60 % of its words in order (lexicon words in a new order; `bench copy`: 18 % "
-                   "greedy, tool answers 96 %)")
+                   "says fewer than 60 % of its words in order (lexicon words in a new order; `bench copy`: 10 % "
+                   "sampled, 0 of 30 turns at 60 %; tool answers 94 %)")
 def test_a_span_an_app_pushes_is_said_too(server: RunningServer) -> None:
     pcm = np.zeros(2 * SAMPLE_RATE, np.float32)
-    push = SpanInject(type="span.inject", text=APP_TEXT, source="app").model_dump_json()
 
-    def done(result: StreamResult) -> bool:
+    def push(text: str) -> tuple[float, str]:
+        message = SpanInject(type="span.inject", text=text, source="app").model_dump_json()
+
+        def done(result: StreamResult) -> bool:
+            spans = result.of_type("span.injected")
+            return bool(spans) and stream_time(result) >= spans[0].t + 4.0
+
+        result = asyncio.run(stream_when_free(chat_url(server.ws, events=True), pcm, texts=[(1.0, message)],
+                                              until=done, until_timeout_s=20.0))
         spans = result.of_type("span.injected")
-        return bool(spans) and stream_time(result) >= spans[0].t + 4.0
+        assert len(spans) == 1 and spans[0].source == "app"
+        said = "".join(e.text for e in result.of_type("agent.text") if e.frame >= spans[0].step)
+        return in_order_recall(words(spans[0].text), words(said)), said
 
-    result = asyncio.run(stream_when_free(chat_url(server.ws, events=True), pcm, texts=[(1.0, push)], until=done,
-                                          until_timeout_s=20.0))
-    spans = result.of_type("span.injected")
-    assert len(spans) == 1 and spans[0].source == "app"
-    said = "".join(e.text for e in result.of_type("agent.text") if e.frame >= spans[0].step)
-    assert in_order_recall(words(spans[0].text), words(said)) >= SAID_RECALL, said
+    tries = []
+    for text in APP_TEXTS:
+        tries.append(push(text))
+        if tries[-1][0] >= SAID_RECALL:
+            return
+    pytest.fail(f"no app's span was said: {tries}")
 
 
 def test_with_the_chunked_prefill_the_model_asks_and_answers(tmp_path: Path, trained: Path,

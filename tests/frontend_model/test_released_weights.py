@@ -4,6 +4,7 @@ training; it is only ever used for the recipe that made it; and the default reci
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from frontend_model.training.checkpoint import REPORT, VOICE_NAME, cache_key, tr
 from frontend_model.training.released import VOICE_KEY, release, released_file, tiny_contextspan_checkpoint
 from frontend_model.training.trainer import TrainConfig
 
-SHORT = TrainConfig(steps=2, batch_size=2, train_questions=2, train_chatter=1, context=40)
+SHORT = TrainConfig(copy_steps=1, steps=1, batch_size=2, train_questions=2, train_chatter=1, context=40)
 
 
 def weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -53,7 +54,7 @@ def test_a_release_restores_the_trained_checkpoint_exactly_without_training(
 
 def test_a_release_of_another_recipe_is_refused(tmp_path: Path) -> None:
     trained = trained_checkpoint(SHORT, tmp_path / "trained-here", progress=False)
-    other = TrainConfig(steps=SHORT.steps + 1, batch_size=2, train_questions=2, train_chatter=1, context=40)
+    other = replace(SHORT, steps=SHORT.steps + 1)
     release(trained, tmp_path / "weights").rename(released_file(cache_key(other), tmp_path / "weights"))
     with pytest.raises(ValueError, match="holds the weights of recipe"):
         tiny_contextspan_checkpoint(other, tmp_path / "elsewhere", progress=False, weights_dir=tmp_path / "weights")
@@ -63,4 +64,4 @@ def test_the_default_recipe_is_released() -> None:
     key = cache_key(TrainConfig())
     assert released_file(key).is_file(), (
         f"the training recipe changed (key {key}) and its weights are not released: run `contextspan train --out "
-        "/tmp/trained --release` (15-25 minutes on 2 cores) and commit frontend_model/training/weights/")
+        "/tmp/trained --release` (about 40 minutes on 2 cores) and commit frontend_model/training/weights/")

@@ -4,6 +4,7 @@ per key."""
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +22,7 @@ from frontend_model.loading.tiny_files import cached_tiny_checkpoint
 from frontend_model.span.build import build_span
 from frontend_model.span.voice_prompt import VoicePrompt
 from frontend_model.training import checkpoint as training_checkpoint
+from frontend_model.training import command as training_command
 from frontend_model.training.checkpoint import REPORT, VOICE_NAME, cache_key, trained_checkpoint
 from frontend_model.training.data import (
     ABSTAIN_REPLY,
@@ -31,13 +33,12 @@ from frontend_model.training.data import (
     Corpus,
     batch,
     ret_after,
-    served_silence,
     speak_and_encode,
     synthesise_corpus,
 )
 from frontend_model.training.recipes import _TEMPLATES, HELD_OUT_VOICES, TRAIN_VOICES, draw_exchange
 from frontend_model.training.speech import Voice
-from frontend_model.training.trainer import Batches, TrainConfig, slipped
+from frontend_model.training.trainer import Batches, TrainConfig, learning_rate_factor, slipped
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +53,7 @@ def corpus(model: LoadedModel) -> Corpus:
 
 
 def assembler(model: LoadedModel, voice: VoicePrompt | None = None) -> Assembler:
-    return Assembler(model.tokenizer, model.span, list(model.lm.delays), model.lm._get_initial_token()[0, :, 0],
-                     voice, served_silence(model.mimi))
+    return Assembler.for_model(model, voice)
 
 
 def test_a_training_turn_has_ret_after_the_question_then_the_served_span_block_then_the_answer(
@@ -169,7 +169,7 @@ def test_speech_from_two_voices_encodes_to_different_codes(model: LoadedModel) -
 
 
 def test_batches_drawn_in_a_worker_process_are_the_batches_drawn_inline(model: LoadedModel, corpus: Corpus) -> None:
-    config = TrainConfig(steps=3, batch_size=2)
+    config = TrainConfig(copy_steps=1, steps=2, batch_size=2)
     batches = Batches(assembler(model), corpus, config)
 
     def drawn(workers: int) -> list[tuple[torch.Tensor, ...]]:
@@ -196,17 +196,34 @@ def test_slips_change_only_what_the_model_reads_of_its_answers_and_only_to_token
         assert row == 0 and int(read[i, 0, column]) in {int(columns[i, 0, c]) for c in answer}
 
 
-def test_the_cache_key_follows_hyper_parameters_and_seed() -> None:
+def test_training_copies_apps_spans_first_then_learns_the_mix_each_phase_warming_up_and_decaying(
+    model: LoadedModel, corpus: Corpus
+) -> None:
+    config = TrainConfig(copy_steps=4, steps=4, app_share=0.0, batch_size=8, warmup_steps=2)
+    drawn = list(Batches(assembler(model), corpus, config))
+    ret_id = model.span.ret_id
+    copying, mix = drawn[:4], drawn[4:]
+    assert all(not (columns[:, 0] == ret_id).any() for columns, _, _, _ in copying), "no question while copying"
+    assert all(torch.equal(columns, read) for columns, read, _, _ in copying), "no slips while copying"
+    assert sum(len(said) for _, _, _, answers in copying for said in answers) > 8 * 4 * 0.6, "mostly apps' spans"
+    assert any((columns[:, 0] == ret_id).any() for columns, _, _, _ in mix), "questions in the mix"
+    factors = [learning_rate_factor(step, config) for step in range(8)]
+    assert factors[:4] == factors[4:] and factors[0] < factors[1] > factors[2] > factors[3]
+
+
+def test_the_cache_key_follows_hyper_parameters_and_seed_not_the_batch_workers() -> None:
     base = TrainConfig()
-    assert cache_key(base) == cache_key(TrainConfig())
-    assert len({cache_key(base), cache_key(TrainConfig(seed=1)), cache_key(TrainConfig(steps=base.steps + 1)),
-                cache_key(TrainConfig(lr=base.lr / 2)), cache_key(TrainConfig(context=base.context + 1))}) == 5
+    assert cache_key(base) == cache_key(TrainConfig()) == cache_key(TrainConfig(workers=base.workers + 1))
+    others = [TrainConfig(seed=1), TrainConfig(steps=base.steps + 1), TrainConfig(copy_steps=base.copy_steps + 1),
+              TrainConfig(app_share=base.app_share / 2), TrainConfig(lr=base.lr / 2),
+              TrainConfig(context=base.context + 1)]
+    assert len({cache_key(base), *(cache_key(other) for other in others)}) == 1 + len(others)
 
 
 def test_a_short_training_writes_a_context_spanning_checkpoint_loaded_once_per_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = TrainConfig(steps=2, batch_size=2, train_questions=2, train_chatter=1, context=40)
+    config = TrainConfig(copy_steps=1, steps=1, batch_size=2, train_questions=2, train_chatter=1, context=40)
     threads = torch.get_num_threads()
     directory = trained_checkpoint(config, tmp_path, progress=False)
     assert torch.get_num_threads() == threads, "the caller's torch threads are its own again"
@@ -236,3 +253,20 @@ def test_the_user_is_quiet_in_training_as_a_quiet_microphone_encodes_when_servin
     a = assembler(model)
     assert torch.equal(a.quiet(240)[1 + model.span.agent_codebooks:], served)
     assert torch.equal(a.quiet(40, at=200)[1 + model.span.agent_codebooks:], served[:, 200:])
+
+
+def test_the_train_command_trains_the_recipe_its_flags_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[TrainConfig] = []
+
+    def cached(config: TrainConfig, cache_dir: Path | None, progress: bool) -> Path:
+        asked.append(config)
+        directory = tmp_path / "cached"
+        directory.mkdir()
+        (directory / REPORT).write_text(json.dumps({"cache_key": cache_key(config)}))
+        return directory
+
+    monkeypatch.setattr(training_command, "tiny_contextspan_checkpoint", cached)
+    flags = ["--copy-steps", "4000", "--app-share", "0.3", "--slip", "0.1", "--no-progress"]
+    assert training_command.train_main(["--out", str(tmp_path / "out"), *flags]) == 0
+    assert asked == [TrainConfig(copy_steps=4000, app_share=0.3, slip=0.1)]
+    assert json.loads((tmp_path / "out" / REPORT).read_text())["cache_key"] == cache_key(asked[0])
