@@ -4,8 +4,9 @@ Conversations are drawn by the training assembler (`Assembler.conversation`: the
 with held-out questions, voice and statements, and sorted by what their span held: a tool's answer (after `<ret>`),
 the abstain span, or an app's text (`span.inject`: no question, no `<ret>`, lexicon words in a new order). Per kind:
 the answer's tokens the model predicts teacher-forced (argmax), and the answer's words it says in order when it
-writes its own answer greedily, token by token on its text row (its other rows as drawn). `bench behaviour` measures
-the served model, sampled; this isolates the copying.
+writes its own answer token by token on its text row (its other rows as drawn), greedily and sampled as a session
+samples (the checkpoint's text temperature and top-k, seeded). `bench behaviour` measures the served model; this
+isolates the copying.
 """
 
 from __future__ import annotations
