@@ -1,12 +1,12 @@
 """`contextspan bench copy`: how well a trained checkpoint says what a span holds, offline (no server, no ASR).
 
 Conversations are drawn by the training assembler (`Assembler.conversation`: the sequence convention, one turn each)
-with held-out questions, voice and statements, and sorted by what their span held: a tool's answer (after `<ret>`),
-the abstain span, or an app's text (`span.inject`: no question, no `<ret>`, lexicon words in a new order). Per kind:
-the answer's tokens the model predicts teacher-forced (argmax), and the answer's words it says in order when it
-writes its own answer token by token on its text row (its other rows as drawn), greedily and sampled as a session
-samples (the checkpoint's text temperature and top-k, seeded). `bench behaviour` measures the served model; this
-isolates the copying.
+with held-out questions, voice, statements and notification shapes, and sorted by what their span held: a tool's
+answer (after `<ret>`), the abstain span, or an app's text (`span.inject`: no question, no `<ret>`). Per kind: the
+answer's tokens the model predicts teacher-forced (argmax), and the answer's words it says in order when it writes
+its own answer token by token on its text row (its other rows as drawn), greedily and sampled by a session's sampler
+(the checkpoint's text temperature and top-k, seeded). `bench behaviour` measures the served model; this isolates
+the copying.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from benchmarks.behaviour import SAID_RECALL, in_order_recall, words
 from benchmarks.report import machine_info, save_json
 from frontend_model.loading.loader import LoadedModel, load_model
-from frontend_model.moshi_internals.row_sampling import SamplingConfig
+from frontend_model.moshi_internals.row_sampling import RowSampler, RowSampling, SamplingConfig, Stream
 from frontend_model.training.checkpoint import VOICE_NAME
 from frontend_model.training.data import ABSTAIN_REPLY, Assembler, Sequence, synthesise_corpus
 from frontend_model.training.trainer import TrainConfig
@@ -59,34 +59,31 @@ def kind_of(sequence: Sequence, text: str) -> str | None:
     return "abstain" if text == ABSTAIN_REPLY else "tool"
 
 
-def pick(logits: torch.Tensor, sampling: SamplingConfig | None, generator: torch.Generator) -> int:
-    """The next text token: argmax without `sampling`, else drawn as a session draws it (temperature, top-k)."""
-    if sampling is None:
-        return int(logits.argmax())
-    top = torch.topk(logits.float() / sampling.temp_text, sampling.top_k_text)
-    return int(top.indices[torch.multinomial(top.values.softmax(-1), 1, generator=generator)])
+def sampler(seed: int, sampling: bool) -> RowSampler:
+    """A session's sampler for one row: greedy, or the checkpoint's text temperature and top-k with `seed`."""
+    config = SamplingConfig(use_sampling=sampling)
+    return RowSampler(1, RowSampling.from_config(config, text_seed=seed, audio_seed=seed), torch.device("cpu"))
 
 
-def write_answer(model: LoadedModel, columns: torch.Tensor, answer: list[int], sampling: SamplingConfig | None,
-                 generator: torch.Generator) -> str:
+def write_answer(model: LoadedModel, columns: torch.Tensor, answer: list[int], sampler: RowSampler) -> str:
     """The model's own answer, token by token on its text row (its other rows as drawn)."""
     columns = columns.clone()
     for c in answer:
         _, logits = model.lm.forward_text(columns[:, :, :c])
-        columns[0, 0, c] = pick(logits[0, 0, -1], sampling, generator)
+        columns[0, 0, c] = sampler.sample(logits[:, 0, -1], Stream.TEXT)[0]
     return model.tokenizer.decode([int(columns[0, 0, c]) for c in answer])
 
 
 @torch.no_grad()
-def said(model: LoadedModel, sequence: Sequence, kind: str, generator: torch.Generator) -> Said:
+def said(model: LoadedModel, sequence: Sequence, kind: str, greedy: RowSampler, sampled: RowSampler) -> Said:
     columns = sequence.columns[None]
     answer = list(sequence.answer_columns[0])
     _, logits = model.lm.forward_text(columns[:, :, :-1])
     predicted = logits[0, 0].argmax(-1)
     hits = sum(int(predicted[c - 1] == columns[0, 0, c]) for c in answer)
     expected = model.tokenizer.decode([int(columns[0, 0, c]) for c in answer])
-    return Said(kind, expected, write_answer(model, columns, answer, None, generator),
-                write_answer(model, columns, answer, SamplingConfig(), generator), hits, len(answer))
+    return Said(kind, expected, write_answer(model, columns, answer, greedy),
+                write_answer(model, columns, answer, sampled), hits, len(answer))
 
 
 def measure(model: LoadedModel, per_kind: int, seed: int) -> list[Said]:
@@ -94,7 +91,7 @@ def measure(model: LoadedModel, per_kind: int, seed: int) -> list[Said]:
     assembler = Assembler.for_model(model, model.voice_prompts[VOICE_NAME])
     corpus = synthesise_corpus(model.mimi, "held_out", 2 * per_kind, per_kind, seed)
     rng = random.Random(seed)
-    generator = torch.Generator().manual_seed(seed)
+    greedy, sampled = sampler(seed, False), sampler(seed, True)
     out: list[Said] = []
     wanted = dict.fromkeys(KINDS, per_kind)
     while any(wanted.values()):
@@ -103,7 +100,7 @@ def measure(model: LoadedModel, per_kind: int, seed: int) -> list[Said]:
         kind = kind_of(sequence, text)
         if kind is not None and wanted[kind]:
             wanted[kind] -= 1
-            out.append(said(model, sequence, kind, generator))
+            out.append(said(model, sequence, kind, greedy, sampled))
     return out
 
 

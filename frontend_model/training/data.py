@@ -57,7 +57,7 @@ PERSONAS = ("", "You are a helpful assistant.", "You are a friendly voice assist
 ABSTAIN_REPLY = "Sorry, I could not find that."
 ABSTAIN_SHARE = 0.1  # question turns whose span is the abstain span
 QUIET_SHARE = 0.15  # turns that ask nothing: a long stretch of silence
-APP_SHARE = 0.12  # turns where an app pushes a span (no question, no `<ret>`), unless the caller says otherwise
+APP_SHARE = 0.3  # turns where an app pushes a span (no question, no `<ret>`), unless the caller says otherwise
 ALL_APPS = 1 - QUIET_SHARE  # an app share where every turn that is not a long silence is an app's span
 CHATTER_SHARE = 0.3  # turns that start with a statement
 
@@ -147,6 +147,7 @@ def speak_and_encode(mimi: MimiModel, lines: list[tuple[str, Voice, float]], bat
 class Corpus:
     """Every utterance a split speaks, encoded once."""
 
+    split: Split
     questions: tuple[Question, ...]
     chatter: tuple[Utterance, ...]
 
@@ -157,7 +158,7 @@ def synthesise_corpus(mimi: MimiModel, split: Split, questions: int, chatter: in
     asked = speak_and_encode(mimi, [(e.question, draw_voice(rng, split), rng.uniform(0.3, 1.3)) for e in exchanges])
     said = speak_and_encode(mimi, [(draw_chatter(rng, split), draw_voice(rng, split), rng.uniform(0.3, 1.3))
                                    for _ in range(chatter)])
-    return Corpus(tuple(Question(u, e.kind) for u, e in zip(asked, exchanges, strict=True)), tuple(said))
+    return Corpus(split, tuple(Question(u, e.kind) for u, e in zip(asked, exchanges, strict=True)), tuple(said))
 
 
 class Assembler:
@@ -195,13 +196,13 @@ class Assembler:
         voice = self.voice if rng.random() < 0.7 else None
         return build_prefix(persona, self.tokenizer, self.span, voice, self.delays, self.forbidden)
 
-    def span_and_reply(self, rng: random.Random, frame: int, app: bool) -> tuple[SpanAt, list[int]]:
+    def span_and_reply(self, rng: random.Random, frame: int, app: bool, split: Split) -> tuple[SpanAt, list[int]]:
         """A span as the server writes it before `frame`, and the text ids the agent says after it: an app's text
         as pushed, else a tool's answer behind the tool prefix or the abstain span. The answer is drawn afresh for
         every turn: the model must copy it, it cannot memorise it."""
         contract = self.span.contract
         if app:
-            text = reply = app_text(rng)
+            text = reply = app_text(rng, split)
         elif contract.abstain_text and rng.random() < ABSTAIN_SHARE:
             text, reply = contract.abstain_text, ABSTAIN_REPLY
         else:
@@ -254,7 +255,7 @@ class Assembler:
                 ret = ret_after(rng, start + utterance.speech_frames)
                 inject = ret + rng.randint(1, max_gap)
                 rets.append(ret)
-            block, answer = self.span_and_reply(rng, inject, app)
+            block, answer = self.span_and_reply(rng, inject, app, corpus.split)
             add(self.quiet(max(inject + len(answer) + rng.randint(2, 8) - at, 0), at))
             frames = torch.cat(parts, dim=1)
             frames[0, inject:inject + len(answer)] = torch.tensor(answer)

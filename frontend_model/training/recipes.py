@@ -12,6 +12,7 @@ Pure: a `random.Random` in, text out.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -72,15 +73,49 @@ _CHATTER: dict[Split, list[str]] = {
     "held_out": ["We watched a movie last night.", "I just finished cleaning the kitchen.",
                  "That is a funny story.", "I will call you back in a minute.", "The garden looks lovely."],
 }
-# What apps push is free text: the span an app pushes in training is these words in a random order.
-_APP_WORDS = """the a your my our this that next last new open closed opens closes starts ends leaves arrives is are
-was will be at on in from to by for with and or but not every today tomorrow morning afternoon evening night noon
-week month year hour minute meeting flight train bus museum library office shop store doctor dentist school park
-station airport hotel restaurant cafe gate room floor street road parcel order ticket booking table seat price
-total balance account payment delivery weather rain snow sun cloudy warm cold windy one two three four five six
-seven eight nine ten eleven twelve fifteen twenty thirty forty fifty hundred half quarter past minutes hours days
-dollars euros pounds percent degrees kilometres miles early late ready confirmed cancelled delayed moved booked
-Monday Tuesday Wednesday Thursday Friday Saturday Sunday January March May July September November"""
+# What apps push is a notification: a sentence of a few shapes with its own facts. An app's span in training is one
+# of these templates with every slot drawn afresh from the words below, so the shape keeps the model in place (as the
+# router's sentence shapes do for a tool's answer: a 2-layer model copying words in no order at all loses its place)
+# and the facts come only from the span. The held-out templates are the app-push e2e test's sentences: training
+# never sees them, only other arrangements of their phrases.
+_APP_TEMPLATES: dict[Split, list[str]] = {
+    "train": ["Your {thing} {verb} at {time}.", "The {thing} from the {place} is {state}.",
+              "Your {thing} is {state} for {day} at {time}.", "The {place} is {openness} on {day}.",
+              "Your {thing} {verb} {day} {part} from {spot}.", "Your {thing} at the {place} is {state}.",
+              "The {thing} to the {place} is {lateness} by {number} minutes.", "Your {thing} of {amount} is {state}.",
+              "Your {thing} will be {state} by {time} {day}.", "The {place} {verb} at {time} every {day}.",
+              "{Day} {part} will be {weather} with {number} degrees.",
+              "Your {thing} at the {place} {verb} at {time} on {day}.", "Your balance is {amount} on {day}.",
+              "The {thing} for {number} at the {place} is {state}.",
+              "Next {thing} {verb} in {number} minutes from {spot}.", "Your {thing} {verb} from {spot} at {time}.",
+              "The {place} {verb} at {time} but {verb} at {time} on {day}.",
+              "Your {thing} is {state} and {verb} at {time}.", "Your {thing} was {state} to {day} {part}.",
+              "The {thing} {verb} late at {time} and {verb} at {time}.", "Your {thing} for {day} was {state}.",
+              "Your {thing} to the {place} is {state} for {day}.", "The {place} will be {openness} until {time}.",
+              "Your {thing} {verb} at {time} {day} {part}.", "Your payment of {amount} was {state} on {day}.",
+              "The {thing} {verb} {lateness} and {verb} at {time} from {spot}."],
+    "held_out": ["Your {thing} to the {place} {verb} at {time} from {spot}.",
+                 "The {place} {verb} {day} {part} at {time} and {verb} at {time}.",
+                 "Your {thing} was {state} and {verb} on {day} {part}."],
+}
+_HOURS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
+_APP_SLOTS: dict[str, list[str]] = {
+    "thing": ["train", "bus", "flight", "parcel", "order", "ticket", "booking", "table", "delivery", "meeting"],
+    "place": ["museum", "library", "office", "shop", "store", "doctor", "dentist", "school", "park", "station",
+              "airport", "hotel", "restaurant", "cafe"],
+    "verb": ["leaves", "arrives", "opens", "closes", "starts", "ends"],
+    "state": ["confirmed", "cancelled", "delayed", "moved", "booked", "ready"],
+    "openness": ["open", "closed"],
+    "lateness": ["early", "late"],
+    "day": ["today", "tomorrow", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"],
+    "part": ["morning", "afternoon", "evening", "night"],
+    "weather": ["rain", "snow", "sun", "cloudy", "warm", "cold", "windy"],
+    "number": [*_HOURS, "fifteen", "twenty", "thirty", "forty", "fifty"],
+    "time": [*_HOURS, *(f"{h} {m}" for h in _HOURS for m in ("fifteen", "thirty", "forty", "fifty")),
+             *(f"{q} past {h}" for h in _HOURS for q in ("half", "quarter"))],
+    "spot": [f"{s} {n}" for s in ("gate", "room", "floor", "seat") for n in _HOURS],
+    "amount": [f"{n} {c}" for n in (*_HOURS, "twenty", "fifty", "hundred") for c in ("dollars", "euros", "pounds")],
+}
 # espeak-ng voices and variants (with a handful, `<ret>` keeps to the voices it heard); the held-out voice is an accent
 # and a variant training never used.
 TRAIN_VOICES = ("en-us", "en-us+f3", "en-gb", "en-gb+f2", "en-gb-scotland", "en-029+m3", "en-gb-x-gbclan+f4",
@@ -128,11 +163,13 @@ def tool_answer(rng: random.Random) -> str:
     return answer.text
 
 
-def app_text(rng: random.Random) -> str:
-    """A span an app pushes (`span.inject`): words in an order no sentence has, so that only copying says them."""
-    lexicon = _APP_WORDS.split()
-    text = " ".join(rng.choice(lexicon) for _ in range(rng.randint(4, 12)))
-    return f"{text[0].upper()}{text[1:]}."
+def app_text(rng: random.Random, split: Split) -> str:
+    """A span an app pushes (`span.inject`): a notification template of `split` with its slots drawn afresh."""
+    def fill(slot: re.Match[str]) -> str:
+        word = rng.choice(_APP_SLOTS[slot[1].lower()])
+        return word.capitalize() if slot[1][0].isupper() else word
+
+    return re.sub(r"\{(\w+)\}", fill, rng.choice(_APP_TEMPLATES[split]))
 
 
 def _operands(rng: random.Random, split: Split) -> tuple[int, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -36,9 +37,18 @@ from frontend_model.training.data import (
     speak_and_encode,
     synthesise_corpus,
 )
-from frontend_model.training.recipes import _TEMPLATES, HELD_OUT_VOICES, TRAIN_VOICES, draw_exchange
+from frontend_model.training.recipes import (
+    _APP_SLOTS,
+    _APP_TEMPLATES,
+    _TEMPLATES,
+    HELD_OUT_VOICES,
+    TRAIN_VOICES,
+    app_text,
+    draw_exchange,
+)
 from frontend_model.training.speech import Voice
 from frontend_model.training.trainer import Batches, TrainConfig, learning_rate_factor, slipped
+from tests.e2e.test_behaviour_e2e import APP_TEXTS
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +160,27 @@ def test_no_training_sentence_is_a_held_out_one_with_one_word_changed_added_or_d
     for kind in _TEMPLATES["train"].values():
         for template in kind:
             assert min(word_edits(template_words(template), h) for h in held) >= 2, template
+
+
+def instance_of(template: str, sentence: str) -> bool:
+    def slot(match: re.Match[str]) -> str:
+        words = _APP_SLOTS[match[1].lower()]
+        return "(?:" + "|".join(re.escape(w.capitalize() if match[1][0].isupper() else w) for w in words) + ")"
+
+    return re.fullmatch(re.sub(r"\\\{(\w+)\\\}", slot, re.escape(template)), sentence) is not None
+
+
+def test_apps_spans_are_notifications_whose_held_out_shapes_are_the_app_push_tests_sentences_only() -> None:
+    assert instance_of("Your {thing} leaves at {time}.", "Your bus leaves at half past two.")
+    assert not instance_of("Your {thing} leaves at {time}.", "Your bus leaves at noon.")
+    train = {app_text(random.Random(i), "train") for i in range(2000)}
+    assert len(train) > 1500 and not train & {app_text(random.Random(i), "held_out") for i in range(300)}
+    for sentence in APP_TEXTS:
+        assert [t for t in _APP_TEMPLATES["held_out"] if instance_of(t, sentence)], sentence
+        assert not [t for t in _APP_TEMPLATES["train"] if instance_of(t, sentence)], sentence
+    held = [template_words(t) for t in _APP_TEMPLATES["held_out"]]
+    for template in _APP_TEMPLATES["train"]:
+        assert min(word_edits(template_words(template), h) for h in held) >= 2, template
 
 
 @pytest.mark.parametrize("split", ["train", "held_out"])
@@ -266,7 +297,7 @@ def test_the_train_command_trains_the_recipe_its_flags_name(tmp_path: Path, monk
         return directory
 
     monkeypatch.setattr(training_command, "tiny_contextspan_checkpoint", cached)
-    flags = ["--copy-steps", "4000", "--app-share", "0.3", "--slip", "0.1", "--no-progress"]
+    flags = ["--copy-steps", "4000", "--app-share", "0.12", "--slip", "0.2", "--no-progress"]
     assert training_command.train_main(["--out", str(tmp_path / "out"), *flags]) == 0
-    assert asked == [TrainConfig(copy_steps=4000, app_share=0.3, slip=0.1)]
+    assert asked == [TrainConfig(copy_steps=4000, app_share=0.12, slip=0.2)]
     assert json.loads((tmp_path / "out" / REPORT).read_text())["cache_key"] == cache_key(asked[0])
