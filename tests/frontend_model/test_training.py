@@ -163,11 +163,12 @@ def test_no_training_sentence_is_a_held_out_one_with_one_word_changed_added_or_d
 
 
 def instance_of(template: str, sentence: str) -> bool:
+    """Whether `template` with some words of its slots is `sentence` (case aside, as app_text capitalises)."""
     def slot(match: re.Match[str]) -> str:
-        words = _APP_SLOTS[match[1].lower()]
-        return "(?:" + "|".join(re.escape(w.capitalize() if match[1][0].isupper() else w) for w in words) + ")"
+        return "(?:" + "|".join(map(re.escape, _APP_SLOTS[match[1].lower()])) + ")"
 
-    return re.fullmatch(re.sub(r"\\\{(\w+)\\\}", slot, re.escape(template)), sentence) is not None
+    pattern = re.sub(r"\\\{(\w+)\\\}", slot, re.escape(template))
+    return re.fullmatch(pattern, sentence, flags=re.IGNORECASE) is not None
 
 
 def test_apps_spans_are_notifications_whose_held_out_shapes_are_the_app_push_tests_sentences_only() -> None:
