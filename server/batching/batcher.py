@@ -51,11 +51,14 @@ class _Pending:
 @dataclass
 class _SlotSpans:
     """A slot's span waiting for a frame boundary, the ticks it was put off, and the outcomes its session has not
-    been told yet."""
+    been told yet: settled outside a tick, going in with the tick running now (`in_tick`), or handed to a `step`
+    that has not returned them yet (`handed`: its session may be cancelled before it reads them)."""
 
     waiting: SpanRequest | None = None
     deferred_ticks: int = 0
     settled: list[SpanOutcome] = field(default_factory=list)
+    in_tick: SpanRequest | None = None
+    handed: tuple[SpanOutcome, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -161,14 +164,14 @@ class Batcher:
         self._wake.set()  # the next tick's plan may change with it
 
     def close_spans(self, slot: int, reason: str) -> list[SpanOutcome]:
-        """The outcomes `slot`'s session has not been told yet, its waiting span dropped with `reason` among them;
-        the slot takes no more spans until it is opened again."""
+        """The outcomes `slot`'s session has not been told yet, its span waiting or going in with the tick running
+        now dropped with `reason` among them; the slot takes no more spans until it is opened again."""
         spans = self._spans.pop(slot, None)
         if spans is None:
             return []
-        if spans.waiting is not None:
-            spans.settled.append(dropped(spans.waiting, reason))
-        return spans.settled
+        unheard = [*spans.handed, *spans.settled]
+        unheard += [dropped(request, reason) for request in (spans.in_tick, spans.waiting) if request is not None]
+        return unheard
 
     @property
     def max_prefix_frames(self) -> int:
@@ -192,7 +195,10 @@ class Batcher:
         self._arrivals[slot] = frame.arrived
         self._wake.set()
         # No local may hold the future: its error's traceback holds this frame.
-        return await self._pending[slot].future
+        output = await self._pending[slot].future
+        if (spans := self._spans.get(slot)) is not None:
+            spans.handed = ()  # read by the session now: `close_spans` must not tell them again
+        return output
 
     async def _loop(self) -> None:
         while True:
@@ -236,7 +242,7 @@ class Batcher:
             if result.error is not None:
                 pending.future.set_exception(result.error)
             else:
-                pending.future.set_result(self._with_settled(slot, result.output))  # type: ignore[arg-type]
+                pending.future.set_result(self._hand_over(slot, result.output))  # type: ignore[arg-type]
 
     def _waiting(self, slot: int, pending: _Pending) -> Waiting:
         spans = self._spans.get(slot)
@@ -254,17 +260,19 @@ class Batcher:
         if defer:
             spans.deferred_ticks += 1
             return None
-        taken, spans.waiting = (spans.waiting, spans.deferred_ticks), None
-        spans.deferred_ticks = 0
+        taken = (spans.waiting, spans.deferred_ticks)
+        spans.in_tick, spans.waiting, spans.deferred_ticks = spans.waiting, None, 0
         return taken
 
-    def _with_settled(self, slot: int, output: FrameOutput) -> FrameOutput:
-        """The slot's output with the outcomes settled outside the tick (superseded spans) before its own."""
+    def _hand_over(self, slot: int, output: FrameOutput) -> FrameOutput:
+        """The slot's output with the outcomes settled outside the tick (superseded spans) before its own, held as
+        handed until `step` returns them."""
         spans = self._spans.get(slot)
-        if spans is None or not spans.settled:
+        if spans is None:
             return output
-        settled, spans.settled = spans.settled, []
-        return replace(output, spans=(*settled, *output.spans))
+        output = replace(output, spans=(*spans.settled, *output.spans))
+        spans.settled, spans.in_tick, spans.handed = [], None, output.spans
+        return output
 
     # on the worker thread -----------------------------------------------------------------------------------
     def _tick(self, frames: dict[int, tuple[InputFrame, tuple[SpanRequest, int] | None]]) -> dict[int, _SlotResult]:

@@ -5,6 +5,7 @@ Costs are injected, so the plans do not depend on how fast this host is."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 
@@ -21,7 +22,7 @@ from server.batching.tick_scheduler import MAX_DEFERS, Capacity
 from server.batching.worker import ModelWorker
 from server.ops.metrics import Metrics
 from server.session.retrieval import SpanAnswer
-from server.session.spans import FrameOutput
+from server.session.spans import FrameOutput, SpanOutcome
 from server.wire.frame_clock import InputFrame
 
 BUDGET_S = 0.080
@@ -104,3 +105,58 @@ def test_a_closing_session_hears_of_its_waiting_span_and_the_slot_takes_no_more(
         return closed, [o.reason for o in batcher.close_spans(0, "session closed")]
 
     assert run(batcher_for(batched, span_s=0.002), body) == (["session closed"], [])
+
+
+async def until(condition: object, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0)
+
+
+def test_a_session_leaving_while_its_span_goes_in_hears_it_dropped(batched: BatchedModel) -> None:
+    """The tick that took the span still runs when the session's step is cancelled: the outcome is not lost."""
+    async def body(batcher: Batcher) -> list[tuple[bool, str | None, str]]:
+        await stepped(batcher, 0, 1)
+        gate = threading.Event()
+        held = asyncio.ensure_future(batcher.worker.run(gate.wait))  # the next tick queues behind it
+        batcher.request_span(0, answer("Never heard."))
+        step = asyncio.create_task(batcher.step(0, frame(1)))
+        await until(lambda: batcher._in_flight, "the tick did not take the frame")
+        step.cancel()
+        await asyncio.gather(step, return_exceptions=True)
+        outcomes = batcher.close_spans(0, "session closed")
+        gate.set()
+        await held
+        return [(o.injected, o.reason, o.text) for o in outcomes]
+
+    assert run(batcher_for(batched, span_s=0.002), body) == [(False, "session closed", "Never heard.")]
+
+
+def test_a_session_cancelled_before_it_reads_its_output_hears_of_the_span_at_close(batched: BatchedModel) -> None:
+    """The output carrying the outcome is handed over, but the step is cancelled before it returns: the session is
+    told at close, once, as what happened (injected)."""
+    async def body(batcher: Batcher) -> tuple[list[tuple[bool, str]], list[str]]:
+        await stepped(batcher, 0, 1)
+        batcher.request_span(0, answer("Said at close."))
+        step = asyncio.create_task(batcher.step(0, frame(1)))
+        await until(lambda: batcher._in_flight, "the tick did not take the frame")
+        output = batcher._in_flight[0].future
+        await until(output.done, "the tick did not answer")  # polled each turn: the step has not resumed yet
+        step.cancel()
+        await asyncio.gather(step, return_exceptions=True)
+        assert step.cancelled()
+        outcomes = [(o.injected, o.text) for o in batcher.close_spans(0, "session closed")]
+        return outcomes, [o.text for o in batcher.close_spans(0, "session closed")]
+
+    assert run(batcher_for(batched, span_s=0.002), body) == ([(True, "Said at close.")], [])
+
+
+def test_outcomes_a_session_has_read_are_not_told_again_at_close(batched: BatchedModel) -> None:
+    async def body(batcher: Batcher) -> tuple[int, list[SpanOutcome]]:
+        await stepped(batcher, 0, 1)
+        batcher.request_span(0, answer("Read with its frame."))
+        (output,) = await stepped(batcher, 1, 1)
+        return len(output.spans), batcher.close_spans(0, "session closed")
+
+    assert run(batcher_for(batched, span_s=0.002), body) == (1, [])
