@@ -117,19 +117,19 @@ def test_streaming_asr_reports_the_death_and_transcribes_after_the_restart(asr: 
         streaming = StreamingASR(transcribe, asr, got.append, errors.append, queue_frames=10_000)
         streaming.start()
 
-        async def say() -> None:
+        async def say(limit_s: float) -> None:
             for start in range(0, len(utterance) - 1919, 1920):
                 streaming.feed(utterance[start : start + 1920])
                 await asyncio.sleep(0)
-            await asyncio.wait_for(streaming.drain(), CALL_LIMIT_S)  # a dead process must not stall the session
+            await asyncio.wait_for(streaming.drain(), limit_s)
 
-        await say()
+        await say(TRANSCRIBE_LIMIT_S)
         os.kill(asr.pid, signal.SIGKILL)
-        await say()
+        await say(CALL_LIMIT_S)  # a dead process must not stall the session
         assert errors, "the utterance spoken while Whisper was dead must be reported"
         await asyncio.to_thread(wait_for_restarts, asr, 1)
         restarted_at = len(got)
-        await say()
+        await say(TRANSCRIBE_LIMIT_S)
         await streaming.close()
         return got, restarted_at, errors
 
