@@ -1,10 +1,12 @@
 """The GPU check that `scripts/gpu_check.sh run` starts once the wheels are installed: phases in priority order inside
 a time budget, each skipped when too little of the budget is left, every outcome logged, and a summary against the
-targets. A device machine is lent for minutes, so what matters most runs first, and everything lands in three files
-under --out: `install.log` (from gpu_check.sh), `gpu_check.log` and `gpu_check-<device>.json`.
+targets and against Kyutai's per-frame work measured in the same run. A device machine is lent for minutes, so what
+matters most runs first, and everything lands in four files under --out: `install.log` (from gpu_check.sh),
+`gpu_check.log`, `gpu_check-<device>.json` and `gpu_check-<device>.md` (the table benchmarks/README.md shows).
 
 `equivalence` (a phase, also a subcommand) checks one-pass injection against the columns fed one by one, and the
-CUDA-graphed step against the eager one, on the tiny and the random 7B models.
+CUDA-graphed step against the eager one, on the tiny and the random 7B models. `table RESULTS.json --write FILE`
+puts a results file's table between the markers in FILE (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the repository's packages are importable without an install
 
+from frontend_model.frame import FRAME_S  # noqa: E402
+
 DEFAULT_BUDGET_S = 480.0
 LOG_TAIL_LINES = 150  # of each phase's output kept in the log
 TARGETS_MS = {  # random 7B, bf16
@@ -32,6 +36,10 @@ TARGETS_MS = {  # random 7B, bf16
     "span600_step_p99": 40.0,  # a 600-frame span and the next step
     "tick64_span256_p99": 70.0,  # a tick of 64 sessions with a 256-frame span injected
 }
+# The load phase serves the most sessions whose batched tick (with a span) kept this at P99, of the 80 ms frame.
+LOAD_TICK_LIMIT_MS = 60.0
+TABLE_BEGIN = "<!-- gpu-check: written by scripts/gpu_check.py table; do not edit by hand -->"
+TABLE_END = "<!-- gpu-check: end -->"
 ENGINE_TESTS = ["tests/frontend_model/test_engine_equivalence.py", "tests/frontend_model/test_batch_engine.py",
                 "tests/frontend_model/test_batch_model.py",
                 "tests/frontend_model/test_batch_codec.py"]
@@ -56,17 +64,20 @@ class Sizes:
     batch_ticks: int
     batch_rounds: int
     load_profile: str
-    load_sessions: int
+    load_sessions: int  # when the batch phase measured nothing to choose from
     load_seconds: float
+    reduced: list[str]  # `--reduced` for the layout and Kyutai phases (CPU: the tiny widths)
+    layout_frames: str
+    kyutai_frames: int
 
     @staticmethod
     def for_run(dry_run: bool) -> Sizes:
         if dry_run:
             return Sizes("tiny", ["tests/frontend_model/test_batch_codec.py"],
                          ["-k", "prefill and dep_q8", *BF16_TESTS], "tiny", 11, "0,11", 2, "1,2", 8, 2, 1,
-                         "tiny", 2, 2.0)
-        return Sizes("moshi-7b", ENGINE_TESTS, BF16_TESTS, "tiny,moshi-7b", 64, "0,16,64,256,600", 50,
-                     "1,2,4,8,16,32,64", 256, 40, 2, "moshi-7b", 16, 30.0)
+                         "tiny", 2, 2.0, ["--reduced"], "8", 4)
+        return Sizes("moshi-7b", ENGINE_TESTS, BF16_TESTS, "tiny,moshi-7b", 64, "0,16,64,256,600", 30,
+                     "1,4,16,32,64", 256, 30, 1, "moshi-7b", 16, 20.0, [], "16,64,256,600", 200)
 
 
 @dataclass
@@ -149,28 +160,46 @@ def phases(args: argparse.Namespace, sizes: Sizes) -> list[Phase]:
                 sizes.batch_sessions, "--span-frames", str(sizes.batch_span_frames), "--ticks", str(sizes.batch_ticks),
                 "--rounds", str(sizes.batch_rounds), "--prefill", prefill, "--json", str(scratch / name)]
 
+    def load(scratch: Path) -> list[str]:
+        sessions = load_sessions(scratch / "batch_graphs.json", sizes.load_sessions)
+        return [*bench, "load", "--profile", sizes.load_profile, "--device", device, "--sessions", str(sessions),
+                "--seconds", str(sizes.load_seconds), "--no-asr", "--json", str(scratch / "load.json")]
+
     return [
         Phase("environment", 0, 60, inline=lambda: environment(device)),  # always: it explains the rest
         Phase("engine, batch and codec tests (float32, TF32 off)", 30, 150,
               pytest(sizes.engine_tests), test_env),
         Phase("bf16 tolerance tests", 20, 90, pytest(sizes.bf16_tests), test_env),
-        Phase("one-pass vs stepwise, graphed vs eager", 30, 150,
+        Phase("one-pass vs stepwise, graphed vs eager", 30, 120,
               lambda s: [py, __file__, "equivalence", "--device", device, "--profiles", sizes.equivalence_profiles,
                          "--frames", str(sizes.equivalence_frames),
                          "--json", str(s / "equivalence.json")], result_file="equivalence.json"),
-        Phase("bench span", 40, 150,
+        Phase("Context Spanning layout at 7B (checkpoint path)", 60, 180,
+              lambda s: [*bench, "layout", "--device", device, *sizes.reduced, "--dir", str(s), "--frames",
+                         sizes.layout_frames, "--json", str(s / "layout.json")], result_file="layout.json"),
+        Phase("bench span", 40, 120,
               lambda s: [*bench, "span", "--profile", sizes.profile, "--device", device, "--frames",
                          sizes.span_frames, "--repeats", str(sizes.span_repeats), "--no-stepwise",
-                         "--json", str(s / "span.json")], result_file="span.json"),
+                         "--exit-trials", "2", "--json", str(s / "span.json")], result_file="span.json"),
         Phase("bench batch, CUDA graphs", 40, 150, lambda s: batch(s, "batch_graphs.json", "chunked"),
               result_file="batch_graphs.json"),
-        Phase("bench batch, eager", 40, 150, lambda s: batch(s, "batch_eager.json", "one-pass"), {"NO_CUDA_GRAPH": "1"},
+        Phase("Kyutai's per-frame work (moshi LMGen, batch 1)", 30, 90,
+              lambda s: [*bench, "kyutai", "--profile", "moshi-7b", "--device", device, *sizes.reduced,
+                         "--frames", str(sizes.kyutai_frames), "--json", str(s / "kyutai.json")],
+              result_file="kyutai.json"),
+        Phase("bench load (real server)", 60, 180, load, result_file="load.json"),
+        Phase("bench batch, eager", 40, 120, lambda s: batch(s, "batch_eager.json", "one-pass"), {"NO_CUDA_GRAPH": "1"},
               result_file="batch_eager.json"),
-        Phase("bench load (real server)", 60, 240,
-              lambda s: [*bench, "load", "--profile", sizes.load_profile, "--device", device, "--sessions",
-                         str(sizes.load_sessions), "--seconds", str(sizes.load_seconds), "--no-asr",
-                         "--json", str(s / "load.json")], result_file="load.json"),
     ]
+
+
+def load_sessions(batch_json: Path, fallback: int) -> int:
+    """The most sessions whose batched tick (with a span) kept LOAD_TICK_LIMIT_MS at P99 in the batch phase."""
+    if not batch_json.exists():
+        return fallback
+    rows = json.loads(batch_json.read_text()).get("rows", [])
+    held = [r["sessions"] for r in rows if r["tick_with_span"]["p99_ms"] <= LOAD_TICK_LIMIT_MS]
+    return max(held, default=min((r["sessions"] for r in rows), default=fallback))
 
 
 def run_phase(phase: Phase, left_s: float, scratch: Path, log: Log, extra_env: dict[str, str]) -> PhaseResult:
@@ -188,7 +217,9 @@ def run_phase(phase: Phase, left_s: float, scratch: Path, log: Log, extra_env: d
     command = phase.command(scratch)
     limit = min(phase.max_s, left_s)
     log("$ " + " ".join(command))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **extra_env, **phase.env)
+    # The repository first, then whatever path the install set (gpu_check.sh: the carried wheels), never replaced.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, **extra_env, **phase.env, PYTHONPATH=path)
     try:
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
         output, returncode, outcome = done.stdout + done.stderr, done.returncode, "passed" if done.returncode == 0 \
@@ -238,6 +269,71 @@ def target_rows(results: dict[str, PhaseResult]) -> list[dict[str, Any]]:
     return rows
 
 
+KYUTAI_PHASE = "Kyutai's per-frame work (moshi LMGen, batch 1)"
+
+
+def anchor(results: dict[str, PhaseResult]) -> dict[str, Any] | None:
+    """Ours beside Kyutai's, measured in this run on the same random model. Kyutai's server steps one session per
+    process (encode, `LMGen.step`, decode a frame); ours steps every session in one batched tick of the same work.
+    Capacity: sessions x frames per second at the widest batch (1000 / tick P50 each) over Kyutai's 1000 / frame P50;
+    real time: the most sessions whose tick P99 keeps the frame, over Kyutai's one per process."""
+    kyutai, batch = results.get(KYUTAI_PHASE), results.get("bench batch, CUDA graphs")
+    rows = batch.data.get("rows", []) if batch else []
+    if not kyutai or "frame" not in kyutai.data or not rows:
+        return None
+    frame_ms = 1000 * FRAME_S
+    k = kyutai.data["frame"]
+    best = max(rows, key=lambda r: r["sessions"] / r["tick"]["p50_ms"])
+    ours_fps, kyutai_fps = 1000 * best["sessions"] / best["tick"]["p50_ms"], 1000 / k["p50_ms"]
+    kyutai_real_time = int(k["p99_ms"] <= frame_ms)
+    ours_real_time = max((r["sessions"] for r in rows if r["tick"]["p99_ms"] <= frame_ms), default=0)
+    return {"kyutai_frame_p50_ms": k["p50_ms"], "kyutai_frame_p99_ms": k["p99_ms"], "kyutai_frames_per_s": kyutai_fps,
+            "kyutai_real_time_sessions": kyutai_real_time, "ours_sessions": best["sessions"],
+            "ours_tick_p50_ms": best["tick"]["p50_ms"], "ours_frames_per_s": ours_fps,
+            "capacity_ratio": ours_fps / kyutai_fps, "ours_real_time_sessions": ours_real_time,
+            "real_time_ratio": ours_real_time / kyutai_real_time if kyutai_real_time else None}
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} ms"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The table benchmarks/README.md shows: where it ran, each target, Kyutai beside us, each phase."""
+    env = report["environment"]
+    where = f"{env.get('gpu') or env['device']}, torch {env.get('torch')} (CUDA {env.get('cuda')})"
+    kind = "dry run: tiny sizes on a CPU, not GPU numbers" if report["dry_run"] else "random 7B, bf16"
+    lines = [f"GPU check on {where}; {kind}; {report['elapsed_s']:.0f} s of a {report['budget_s']:.0f} s budget.", "",
+             "| target | measured (P99) | limit | verdict |", "|---|---|---|---|"]
+    for t in report["targets"]:
+        verdict = "not measured" if t["met"] is None else ("met" if t["met"] else "missed")
+        lines.append(f"| {t['what']} | {_ms(t['p99_ms'])} | {t['limit_ms']:.0f} ms | {verdict} |")
+    a = report.get("anchor")
+    if a:
+        lines += ["", "| per GPU, same run, same random model | Kyutai (moshi `LMGen`, one session a process) | "
+                  "contextspan (one batched tick) | ours / Kyutai |", "|---|---|---|---|",
+                  f"| one frame's work: encode + step + decode | P50 {_ms(a['kyutai_frame_p50_ms'])}, P99 "
+                  f"{_ms(a['kyutai_frame_p99_ms'])} (1 session) | P50 {_ms(a['ours_tick_p50_ms'])} "
+                  f"({a['ours_sessions']} sessions) | |",
+                  f"| sessions x frames per second (capacity) | {a['kyutai_frames_per_s']:.0f} | "
+                  f"{a['ours_frames_per_s']:.0f} | {a['capacity_ratio']:.1f}x |",
+                  f"| sessions kept in real time (tick P99 <= 80 ms) | {a['kyutai_real_time_sessions']} | "
+                  f"{a['ours_real_time_sessions']} | "
+                  f"{'-' if a['real_time_ratio'] is None else format(a['real_time_ratio'], '.0f') + 'x'} |"]
+    lines += ["", "| phase | outcome | seconds |", "|---|---|---|"]
+    for phase in report["phases"]:
+        why = f" ({phase['why']})" if phase["why"] else ""
+        lines.append(f"| {phase['name']} | {phase['outcome']}{why} | {phase['seconds']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(results: Path, target: Path) -> None:
+    text = target.read_text()
+    head, rest = text.split(TABLE_BEGIN)
+    table = markdown(json.loads(results.read_text()))
+    target.write_text(f"{head}{TABLE_BEGIN}\n{table}{TABLE_END}{rest.split(TABLE_END, 1)[1]}")
+
+
 def run(args: argparse.Namespace) -> int:
     started = float(os.environ.get("GPU_CHECK_STARTED", time.time()))  # the install counts against the budget
     args.out.mkdir(parents=True, exist_ok=True)
@@ -258,9 +354,10 @@ def run(args: argparse.Namespace) -> int:
     targets = target_rows(results)
     report = {"dry_run": args.dry_run, "device": args.device, "budget_s": args.budget,
               "elapsed_s": round(time.time() - started, 1), "sizes": asdict(sizes), "environment": env,
-              "phases": [asdict(r) for r in results.values()], "targets": targets}
+              "phases": [asdict(r) for r in results.values()], "targets": targets, "anchor": anchor(results)}
     path = args.out / f"gpu_check-{device_slug(env, args.dry_run)}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
+    path.with_suffix(".md").write_text(markdown(report))
     log("\n=== summary" + (" (dry run: tiny sizes on a CPU, the targets are for random 7B on a GPU)"
                           if args.dry_run else ""))
     for r in results.values():
@@ -269,6 +366,12 @@ def run(args: argparse.Namespace) -> int:
         verdict = "not measured" if t["met"] is None else ("met" if t["met"] else "MISSED")
         value = "-" if t["p99_ms"] is None else f"{t['p99_ms']:.2f}"
         log(f"target {t['target']}: {t['what']}: P99 {value} ms (limit {t['limit_ms']:.0f} ms) {verdict}")
+    if report["anchor"]:
+        a = report["anchor"]
+        log(f"Kyutai, one session a process: frame P50 {a['kyutai_frame_p50_ms']:.2f} ms; ours at "
+            f"{a['ours_sessions']} sessions: tick P50 {a['ours_tick_p50_ms']:.2f} ms; sessions x frames/s "
+            f"{a['ours_frames_per_s']:.0f} vs {a['kyutai_frames_per_s']:.0f}: {a['capacity_ratio']:.1f}x; "
+            f"real time {a['ours_real_time_sessions']} vs {a['kyutai_real_time_sessions']}")
     log(f"results: {path.name}; {report['elapsed_s']:.0f} s of {args.budget:.0f}")
     return 0 if all(r.outcome == "passed" for r in results.values()) else 1
 
@@ -331,7 +434,13 @@ def main(argv: list[str] | None = None) -> int:
     eq.add_argument("--profiles", default="tiny,moshi-7b", help="comma list; a -reduced suffix means --reduced")
     eq.add_argument("--frames", type=int, default=64, help="span frames")
     eq.add_argument("--json", type=Path, required=True)
+    table = commands.add_parser("table", help="put a results file's table between the markers of a Markdown file")
+    table.add_argument("results", type=Path)
+    table.add_argument("--write", type=Path, default=ROOT / "benchmarks" / "README.md")
     args = parser.parse_args(argv)
+    if args.command == "table":
+        write_table(args.results, args.write)
+        return 0
     if args.command == "run" and args.device is None:
         args.device = "cpu" if args.dry_run else "cuda"
     return run(args) if args.command == "run" else equivalence(args)

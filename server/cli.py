@@ -52,7 +52,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
               "retrieval": "benchmarks.retrieval_latency", "batch": "benchmarks.batch_ticks", "soak": "benchmarks.soak",
               "faults": "benchmarks.fault_isolation", "qa": "benchmarks.qa", "levelling": "benchmarks.user_levelling",
-              "behaviour": "benchmarks.behaviour", "copy": "benchmarks.copying"}
+              "behaviour": "benchmarks.behaviour", "copy": "benchmarks.copying",
+              "layout": "benchmarks.checkpoint_layout", "kyutai": "benchmarks.kyutai_baseline"}
 
 
 def serve(settings: ServerSettings) -> int:

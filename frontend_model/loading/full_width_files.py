@@ -1,0 +1,68 @@
+"""Random Moshi 7B weights written in a family's real file layout, so that the GPU check loads the architecture the
+Context Spanning model ships in (16 depformer codebooks, a voice prompt, the fine-tune's weights over the base)
+through the checkpoint path a release takes, and a CPU test does the same at reduced width.
+
+At full width nothing but the release's own files is written: no `config.json` (the loader takes Moshi 7B's shape and
+reads dep_q from the weights), no `contextspan.json` (the PersonaPlex placeholder codes apply). At reduced width a
+`config.json` names the tiny widths and Mimi, as for the tiny checkpoints. The Context Spanning file holds the
+fine-tuned share of the weights only (`OVERLAY_PREFIXES`): the loader reads what it lacks from the base, its path
+for any overlay, and the check writes 16 GB once instead of twice.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from moshi.models import loaders
+from safetensors.torch import save_file
+
+from frontend_model.loading.checkpoint.files import CONTEXT_SPANNING_WEIGHTS
+from frontend_model.loading.profiles import (
+    TINY_MIMI_CONFIG,
+    Layout,
+    full_mimi_config,
+    moshi_7b_lm_config,
+    reduced_width,
+)
+from frontend_model.loading.random_weights import random_models
+from frontend_model.loading.tiny_files import MIMI_CONFIG_NAME, compiled_name, contiguous, fine_tuned, write_voices
+from frontend_model.loading.tiny_tokenizer import padded_tokenizer_path
+
+VOICE_FRAMES = 100  # a Context Spanning voice prompt: 8 s of agent codes
+# What the fine-tune's file holds at full width: the text embedding and head and the first layer, as a fine-tune that
+# saved what it changed most would; the rest comes from the base.
+OVERLAY_PREFIXES = ("text_emb.", "text_linear.", "transformer.layers.0.")
+
+
+def full_width_lm_config(layout: Layout, reduced: bool) -> dict:
+    config = dict(moshi_7b_lm_config(), dep_q=8 if layout == "kyutai" else 16)
+    return reduced_width(config) if reduced else config
+
+
+def write_full_width_checkpoint(layout: Layout, directory: Path, *, reduced: bool = False, seed: int = 0,
+                                device: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Built on `device` (a GPU initialises 8 B parameters in seconds), written from the CPU."""
+    lm_config = full_width_lm_config(layout, reduced)
+    mimi_config = TINY_MIMI_CONFIG if reduced else full_mimi_config()
+    lm, mimi = random_models(lm_config, mimi_config, device, dtype, seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    base = contiguous(lm.state_dict())
+    if layout == "contextspan":
+        tuned = {k: v for k, v in base.items() if k.startswith(OVERLAY_PREFIXES)}
+        package = fine_tuned(tuned, generator)
+        package["model"] = {compiled_name(k): v for k, v in package["model"].items()}
+        torch.save(package, directory / CONTEXT_SPANNING_WEIGHTS)
+    save_file(base, directory / loaders.MOSHI_NAME)
+    del base
+    save_file(contiguous(mimi.state_dict()), directory / loaders.MIMI_NAME)
+    shutil.copy(padded_tokenizer_path(lm_config["text_card"]), directory / loaders.TEXT_TOKENIZER_NAME)
+    if reduced:
+        (directory / MIMI_CONFIG_NAME).write_text(json.dumps(mimi_config))
+        (directory / "config.json").write_text(json.dumps({**lm_config, "mimi_config_name": MIMI_CONFIG_NAME}))
+    if layout != "kyutai":
+        write_voices(directory / "voices", lm, generator, VOICE_FRAMES)
+    return directory
