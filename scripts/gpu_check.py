@@ -77,7 +77,7 @@ class Sizes:
                          ["-k", "prefill and dep_q8", *BF16_TESTS], "tiny", 11, "0,11", 2, "1,2", 8, 2, 1,
                          "tiny", 2, 2.0, ["--reduced"], "8", 4)
         return Sizes("moshi-7b", ENGINE_TESTS, BF16_TESTS, "tiny,moshi-7b", 64, "0,16,64,256,600", 30,
-                     "1,4,16,32,64", 256, 30, 1, "moshi-7b", 16, 20.0, [], "16,64,256,600", 200)
+                     "1,4,16,32,64", 256, 30, 1, "moshi-7b", 16, 15.0, [], "16,64,256,600", 200)
 
 
 @dataclass
@@ -163,7 +163,8 @@ def phases(args: argparse.Namespace, sizes: Sizes) -> list[Phase]:
     def load(scratch: Path) -> list[str]:
         sessions = load_sessions(scratch / "batch_graphs.json", sizes.load_sessions)
         return [*bench, "load", "--profile", sizes.load_profile, "--device", device, "--sessions", str(sessions),
-                "--seconds", str(sizes.load_seconds), "--no-asr", "--json", str(scratch / "load.json")]
+                "--seconds", str(sizes.load_seconds), "--no-asr", "--page-ms", "40",  # pages the server can align
+                "--json", str(scratch / "load.json")]
 
     return [
         Phase("environment", 0, 60, inline=lambda: environment(device)),  # always: it explains the rest
