@@ -4,6 +4,7 @@ P99 per batch size, without and with one span injected per tick."""
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,13 @@ def measure(model: LoadedModel, slots: int, ticks: int, span_frames: int, max_sp
         codec.close()
 
 
+def release(model: LoadedModel) -> None:
+    """The last batch's rings and graphs given back before the next size allocates its own."""
+    gc.collect()
+    if model.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="contextspan bench batch", description=__doc__)
     parser.add_argument("--profile", default="tiny", choices=PROFILES)
@@ -85,15 +93,26 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.profile, args.checkpoint, device=args.device, context=args.context, reduced=args.reduced)
     per_round = max(1, args.ticks // args.rounds)
     samples: dict[tuple[int, int], list[float]] = {}
+    sizes, out_of_memory = list(args.sessions), None
     for done in range(args.rounds):
         print(f"round {done + 1} of {args.rounds}", file=sys.stderr, flush=True)
-        for slots in args.sessions:
-            for frames in (0, args.span_frames):
-                measured = measure(model, slots, per_round, frames, args.max_span_frames, SpanPrefill(args.prefill))
-                samples.setdefault((slots, frames), []).extend(measured)
+        for slots in list(sizes):
+            try:
+                for frames in (0, args.span_frames):
+                    measured = measure(model, slots, per_round, frames, args.max_span_frames,
+                                       SpanPrefill(args.prefill))
+                    samples.setdefault((slots, frames), []).extend(measured)
+            except torch.OutOfMemoryError as exc:
+                # The device holds no more sessions' rings: this size and the larger ones are reported as such.
+                out_of_memory = {"sessions": slots, "error": str(exc).split(". ")[0]}
+                print(f"{slots} sessions: out of memory, larger sizes skipped", file=sys.stderr, flush=True)
+                sizes = [s for s in sizes if s < slots]
+                break
+            finally:
+                release(model)
     rows: list[dict[str, Any]] = []
     print(f"{'B':>4} | tick P50 (ms) | tick P99 (ms) | +span({args.span_frames}) P50 | +span P99")
-    for slots in args.sessions:
+    for slots in sizes:
         plain = summarise(samples[(slots, 0)])
         spanned = summarise(samples[(slots, args.span_frames)])
         rows.append({"sessions": slots, "tick": plain, "tick_with_span": spanned})
@@ -106,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                           "prefill": args.prefill,
                           "max_span_frames": args.max_span_frames,
                           "rounds": args.rounds,
-                          "machine": machine_info(str(model.device)), "rows": rows})
+                          "machine": machine_info(str(model.device)), "rows": rows,
+                          "out_of_memory": out_of_memory})
     return 0
 
 

@@ -224,6 +224,7 @@ def main(argv: list[str]) -> int:
             process, url = start_server(
                 # Exactly the sessions asked for: what the host cannot keep up with shows as deadline misses.
                 workdir, "--profile", args.profile, "--max-sessions", str(args.sessions), "--admission", "fixed",
+                "--max-connections-per-ip", str(max(8, args.sessions)),  # every client comes from loopback
                 "--recordings-dir", str(workdir / "recordings"), "--log-level", "warning",
                 "--asr" if args.asr else "--no-asr", "--align-phases" if args.align_phases else "--no-align-phases",
                 *(("--device", args.device) if args.device else ()))

@@ -6,6 +6,7 @@ this keeps its script from rotting between loans."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ SCRIPT = str(ROOT / "scripts" / "gpu_check.sh")
 PHASES = ["environment", "engine, batch and codec tests (float32, TF32 off)", "bf16 tolerance tests",
           "one-pass vs stepwise, graphed vs eager", "Context Spanning layout at 7B (checkpoint path)", "bench span",
           "bench batch, CUDA graphs", "Kyutai's per-frame work (moshi LMGen, batch 1)", "bench load (real server)",
-          "bench batch, eager"]
+          "bench batch, eager", "profile of a span + step"]
 sys.path.insert(0, str(ROOT / "scripts"))
 from gpu_machine import LIMIT_MIB, lacking, wheel_name  # noqa: E402
 
@@ -95,3 +96,14 @@ def test_dry_run_from_a_python_laid_out_as_the_machines_exercises_every_phase(wh
 
 def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def test_a_second_call_runs_the_phases_asked_for_in_the_order_asked_after_the_environment() -> None:
+    import gpu_check
+
+    every = gpu_check.phases(argparse.Namespace(device="cpu"),
+                             gpu_check.Sizes.for_run(dry_run=True))
+    names = [p.name for p in gpu_check.selected(every, ["CUDA graphs", "Kyutai", "codec tests"])]
+    assert names == ["environment", "bench batch, CUDA graphs", "Kyutai's per-frame work (moshi LMGen, batch 1)",
+                     "engine, batch and codec tests (float32, TF32 off)"]
+    assert gpu_check.selected(every, []) == every

@@ -77,7 +77,7 @@ def read_pending_later(engine: Engine, frames: int, out: torch.Tensor, logits: t
     `frames` positions later."""
     state = engine.lm_gen._streaming_state
     at = int(state.offsets[0]) % state.cache.shape[2]
-    delays = torch.tensor(engine.model.lm.delays)
+    delays = torch.tensor(engine.model.lm.delays, device=engine.model.device)
     text = greedy_text(engine, logits)
     assert engine.sampler is not None
     with engine.sampler.installed(state.exec_mask):
@@ -94,7 +94,7 @@ def read_pending_later(engine: Engine, frames: int, out: torch.Tensor, logits: t
 def columns_one_by_one(engine: Engine, block: Block) -> None:
     """The trained layout, column by column: each block column verbatim (T=1), the pending column read after."""
     for i in range(block.frames):
-        out, logits = engine.model.lm.forward_text(block.tokens[None, :, i : i + 1])
+        out, logits = engine.model.lm.forward_text(block.tokens[None, :, i : i + 1].to(engine.model.device))
     read_pending_later(engine, block.frames, out, logits)
 
 
@@ -139,7 +139,7 @@ def test_the_first_frame_after_a_span_is_sampled_from_the_close_position(model: 
         state = engine.lm_gen._streaming_state
         before = state.cache[0, 0, int(state.offsets[0]) % state.cache.shape[2]].item()
         for i in range(block.frames):
-            _, logits = model.lm.forward_text(block.tokens[None, :, i : i + 1])
+            _, logits = model.lm.forward_text(block.tokens[None, :, i : i + 1].to(model.device))
         texts.append(int(greedy_text(engine, logits)[0]))
     with Engine(model, GREEDY, max_span_frames=MAX_SPAN) as engine:
         for i in range(12):
@@ -166,15 +166,16 @@ def prefill_by_steps(engine: Engine, prefix: object) -> None:
     lm = engine.model.lm
     state = engine.lm_gen._streaming_state
     agent = engine.span.agent_codebooks
-    frames = prefix.block.tokens
+    device = lm.device
+    frames = prefix.block.tokens.to(device)
     if prefix.embeddings is not None:
         for embedding in prefix.embeddings:
-            forward_last(lm, embedding.view(1, 1, -1).to(lm.dtype))
-        columns = stream_columns(torch.cat([prefix.carry[:, None], frames], dim=1), lm.delays)[:, 1:]
+            forward_last(lm, embedding.view(1, 1, -1).to(device, lm.dtype))
+        columns = stream_columns(torch.cat([prefix.carry.to(device)[:, None], frames], dim=1), lm.delays)[:, 1:]
     else:  # as trained: the stream's initial column first
         columns = stream_columns(torch.cat([state.initial[0], frames], dim=1), lm.delays)
-    positions = prefix.replayed + torch.arange(columns.shape[1])
-    columns = torch.where(positions[None] <= torch.tensor(lm.delays)[:, None], state.initial[0], columns)
+    positions = prefix.replayed + torch.arange(columns.shape[1], device=device)
+    columns = torch.where(positions[None] <= torch.tensor(lm.delays, device=device)[:, None], state.initial[0], columns)
     for j in range(columns.shape[1] - 1):
         lm.forward_text(columns[None, :, j : j + 1])
     last, ring_len = prefix.frames - 1, state.cache.shape[2]
@@ -207,7 +208,7 @@ def as_embeddings(model: LoadedModel, voice: VoicePrompt) -> VoicePrompt:
     initial = model.lm._get_initial_token()[0, :, 0].tolist()
     columns = assemble(voice_only, model.span).columns(model.lm.delays, initial)
     count = voice.frames
-    embeddings = embed_columns(model.lm, columns[None, :, :count])[0].reshape(count, 1, 1, -1)
+    embeddings = embed_columns(model.lm, columns[None, :, :count].to(model.device))[0].reshape(count, 1, 1, -1).cpu()
     ring = torch.full((1, model.span.num_rows, PERSONAPLEX_RING), -2, dtype=torch.long)
     ring[0, :, count % PERSONAPLEX_RING] = columns[:, count]
     delayed = torch.tensor(model.lm.delays) > 0
@@ -220,6 +221,7 @@ PERSONA = "You are a helpful travel assistant called Ada."
 
 def test_replayed_embeddings_are_what_forward_text_feeds(model: LoadedModel) -> None:
     columns = torch.randint(0, 500, (1, model.span.num_rows, 5), generator=torch.Generator().manual_seed(4))
+    columns = columns.to(model.device)
     with model.lm.streaming(1):
         out, logits = model.lm.forward_text(columns)
     with model.lm.streaming(1):
