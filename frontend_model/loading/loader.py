@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 
 import sentencepiece
 import torch
@@ -63,11 +64,12 @@ class LoadedModel:
     tokenizer: sentencepiece.SentencePieceProcessor
     span: SpanConfig
     random_weights: bool
-    description: str
+    description: str  # what clients are told (/readyz, session.ready): never a path of this host
     voice_prompts: dict[str, VoicePrompt] = field(default_factory=dict)
     # Random weights would sample `<ret>` and the span markers by chance; such a model must never do that.
     suppressed_text_ids: frozenset[int] = frozenset()
     layout: Layout | None = None  # the file layout the weights were read in; None for in-memory random weights
+    source: str = ""  # where the weights were read from (a folder of this host, or a repo id), for the operator's log
 
     @property
     def device(self) -> torch.device:
@@ -77,6 +79,12 @@ class LoadedModel:
     def agent_text(self) -> AgentText:
         """Which of this checkpoint's text ids are text; built once, since it walks the vocabulary."""
         return AgentText(self.tokenizer, self.span)
+
+
+def public_name(checkpoint: str) -> str:
+    """A checkpoint as clients may see it: a Hugging Face repo id as it is, a local folder by its name alone."""
+    path = Path(checkpoint).expanduser()
+    return path.resolve().name if path.exists() else checkpoint
 
 
 def default_device() -> str:
@@ -110,7 +118,7 @@ def load_model(
         path = cached_tiny_checkpoint(TINY_CHECKPOINT_PROFILES[profile], seed)
         model = _load_checkpoint(profile, str(path), device, dtype, context)
         model.random_weights = True
-        model.description = f"{profile}: random weights (seed {seed}) in the {model.layout} layout at {path}"
+        model.description = f"{profile}: random weights (seed {seed}) in the {model.layout} layout"
         model.suppressed_text_ids = frozenset({model.span.ret_id, model.span.open_id, model.span.close_id})
         return model
     if profile == TRAINED_PROFILE:
@@ -119,7 +127,7 @@ def load_model(
 
         path = tiny_contextspan_checkpoint(TrainConfig(seed=seed))
         model = _load_checkpoint(profile, str(path), device, dtype, context)
-        model.description = f"{profile}: the tiny Context Spanning model trained here (seed {seed}) at {path}"
+        model.description = f"{profile}: the tiny Context Spanning model trained here (seed {seed})"
         return model
     if not checkpoint:
         raise ModelLoadError(
@@ -180,7 +188,8 @@ def _load_checkpoint(
     logger.info("loaded a %s checkpoint from %s: depformer %d codebooks (stepping %d), %d voice(s)", layout,
                 checkpoint, trained, lm.dep_q, len(voices))
     return LoadedModel(profile, lm, mimi, tokenizer, span, random_weights=False,
-                       description=f"{profile}: {checkpoint} ({layout} layout)", voice_prompts=voices, layout=layout)
+                       description=f"{profile}: {public_name(checkpoint)} ({layout} layout)", voice_prompts=voices,
+                       layout=layout, source=checkpoint)
 
 
 def _lm_state(files: CheckpointFiles) -> dict[str, torch.Tensor]:

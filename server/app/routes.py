@@ -152,7 +152,8 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
     if model.random_weights:
         logger.warning(RANDOM_WEIGHTS_BANNER.format(profile=model.profile))
     batcher = state.batcher
-    logger.info("serving %s on %s: %s", model.description, model.device,
+    logger.info("serving %s%s on %s: %s", model.description, f" from {model.source}" if model.source else "",
+                model.device,
                 admission_log(state.settings.admission, batcher.capacity, cost.tick, state.settings.deadline_ms / 1e3))
     logger.info("retrieval trigger: %s (%s)", trigger.trigger, trigger.why)
     if trigger.trigger == "asr" and state.backend.asr_process is None:

@@ -7,6 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -40,12 +41,17 @@ def test_serves_a_checkpoint_in_its_layout(tmp_path: Path, profile: Layout, voic
         url = chat_url(server.ws, events=True, voice=voice, persona="Ada")
         result = asyncio.run(stream(url, pcm, texts=[(0.8, inject)],
                                     until=lambda r: bool(r.of_type("span.injected") or r.of_type("span.dropped"))))
+        readyz = httpx.get(f"{server.http}/readyz", timeout=10).json()
     finally:
         stop_server(server)
+    # Clients are told which checkpoint by its folder's name, never this host's path to it; the log says where.
+    assert readyz["description"] == f"{profile}: checkpoint ({profile} layout)"
+    assert str(tmp_path) in server.log.read_text()
     assert result.handshake_s is not None and result.frames_sent >= len(pcm) // FRAME_SAMPLES
     assert abs(result.audio_messages - result.frames_sent) <= 1, (result.audio_messages, result.frames_sent)
     ready = result.of_type("session.ready")
     assert len(ready) == 1 and ready[0].profile == profile and not ready[0].random_weights
+    assert ready[0].description == readyz["description"]
     # The handshake came after the voice, silence, `<system> Ada <system>` and silence frames were prefilled.
     model = load_model(profile, str(checkpoint), device="cpu")
     prompt = model.voice_prompts[voice]
