@@ -29,7 +29,7 @@ from frontend_model.engine.columns import delayed_columns, embed_columns, forwar
 from frontend_model.engine.optimisations import Optimisation, Optimisations
 from frontend_model.frame import FRAME_S
 from frontend_model.loading.loader import LoadedModel
-from frontend_model.moshi_internals.graphs import set_up_graphs
+from frontend_model.moshi_internals.graphs import graph_path, set_up_graphs, step_depformer
 from frontend_model.moshi_internals.kv_ring import wide_rings
 from frontend_model.moshi_internals.row_sampling import RowSampler, RowSampling, SamplingConfig, Stream
 from frontend_model.moshi_internals.row_view import rows
@@ -321,12 +321,23 @@ class Engine:
     def _sample_next(self, out: torch.Tensor, logits: torch.Tensor, lo: int, hi: int
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """What LMGen's step samples from a position's output: the next column's text token and agent semantic
-        code ([hi - lo] each), with the rows' own sampling; the depformer's other codebooks are not kept."""
+        code ([hi - lo] each), with the rows' own sampling; the depformer's other codebooks are not kept.
+
+        On the graph path through the step's own graphed depformer, for the whole batch (the one shape it was
+        captured for) with only rows lo..hi drawing: launched op by op instead, the depformer cost 73 ms a span on an
+        H200 (benchmarks/README.md, the GPU check), four whole graphed steps."""
         self._on_text_logits(logits)
-        with self._sampler().installed(self._state().exec_mask, lo, hi):
-            text = self._sampler().sample(logits, Stream.TEXT)[:, 0, 0]
-            semantic = self.lm_gen.depformer_step(text, out)[:, 0]
-        return text, semantic
+        exec_mask = self._state().exec_mask
+        if not graph_path(self.model.device):
+            with self._sampler().installed(exec_mask, lo, hi):
+                text = self._sampler().sample(logits, Stream.TEXT)[:, 0, 0]
+                return text, self.lm_gen.depformer_step(text, out)[:, 0]
+        drawing = torch.zeros_like(exec_mask)
+        drawing[lo:hi] = exec_mask[lo:hi]
+        with self._sampler().installed(drawing):
+            text = self._sampler().sample(_whole_batch(logits, lo, exec_mask.shape[0]), Stream.TEXT)[:, 0, 0]
+            semantic = step_depformer(self.lm_gen)(text, _whole_batch(out, lo, exec_mask.shape[0]))[:, 0]
+        return text[lo:hi], semantic[lo:hi].clone()  # a replayed graph overwrites its output at the next call
 
     def _prefill(self, prefix: Prefix, one_pass: bool) -> None:
         """Replayed embeddings, then the frames' columns, in one forward; then the pending column is sampled."""
@@ -372,3 +383,12 @@ class Engine:
         state = self._state()
         state.offsets[lo:hi] += frames
         state.offset_cpu += frames
+
+
+def _whole_batch(rows: torch.Tensor, lo: int, batch: int) -> torch.Tensor:
+    """Rows lo.. of a batch, zeros elsewhere: the batch's shape, for a graph captured at it."""
+    if rows.shape[0] == batch:
+        return rows
+    whole = torch.zeros((batch, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+    whole[lo : lo + rows.shape[0]] = rows
+    return whole

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from moshi.models import loaders
+from moshi.models.lm import LMModel
 from safetensors.torch import save_file
 
 from frontend_model.loading.checkpoint.files import CONTEXT_SPANNING_WEIGHTS
@@ -28,10 +29,11 @@ from frontend_model.loading.profiles import (
     reduced_width,
 )
 from frontend_model.loading.random_weights import random_models
-from frontend_model.loading.tiny_files import MIMI_CONFIG_NAME, compiled_name, contiguous, fine_tuned, write_voices
+from frontend_model.loading.tiny_files import MIMI_CONFIG_NAME, _compiled_name, _contiguous
 from frontend_model.loading.tiny_tokenizer import padded_tokenizer_path
 
-VOICE_FRAMES = 100  # a Context Spanning voice prompt: 8 s of agent codes
+VOICE_FRAMES = 100  # a voice prompt of 8 s
+NUDGE = 0.05  # a fine-tuned weight: the base's plus this much of its spread in noise
 # What the fine-tune's file holds at full width: the text embedding and head and the first layer, as a fine-tune that
 # saved what it changed most would; the rest comes from the base.
 OVERLAY_PREFIXES = ("text_emb.", "text_linear.", "transformer.layers.0.")
@@ -50,19 +52,39 @@ def write_full_width_checkpoint(layout: Layout, directory: Path, *, reduced: boo
     lm, mimi = random_models(lm_config, mimi_config, device, dtype, seed)
     directory.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
-    base = contiguous(lm.state_dict())
+    base = _contiguous({k: v.detach().cpu() for k, v in lm.state_dict().items()})
     if layout == "contextspan":
-        tuned = {k: v for k, v in base.items() if k.startswith(OVERLAY_PREFIXES)}
-        package = fine_tuned(tuned, generator)
-        package["model"] = {compiled_name(k): v for k, v in package["model"].items()}
-        torch.save(package, directory / CONTEXT_SPANNING_WEIGHTS)
+        tuned = {_compiled_name(k): _nudged(v, generator) for k, v in base.items() if k.startswith(OVERLAY_PREFIXES)}
+        torch.save({"model": tuned}, directory / CONTEXT_SPANNING_WEIGHTS)
     save_file(base, directory / loaders.MOSHI_NAME)
     del base
-    save_file(contiguous(mimi.state_dict()), directory / loaders.MIMI_NAME)
+    save_file(_contiguous({k: v.cpu() for k, v in mimi.state_dict().items()}), directory / loaders.MIMI_NAME)
     shutil.copy(padded_tokenizer_path(lm_config["text_card"]), directory / loaders.TEXT_TOKENIZER_NAME)
     if reduced:
         (directory / MIMI_CONFIG_NAME).write_text(json.dumps(mimi_config))
         (directory / "config.json").write_text(json.dumps({**lm_config, "mimi_config_name": MIMI_CONFIG_NAME}))
     if layout != "kyutai":
-        write_voices(directory / "voices", lm, generator, VOICE_FRAMES)
+        _write_voice(directory / "voices", layout, lm, generator)
     return directory
+
+
+def _nudged(value: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """As a fine-tune leaves a weight, in bf16 as Context Spanning ships them."""
+    if not value.dtype.is_floating_point:
+        return value
+    noise = torch.randn(value.shape, generator=generator)
+    return (value.float() + NUDGE * value.float().std().nan_to_num() * noise).to(torch.bfloat16).contiguous()
+
+
+def _write_voice(folder: Path, layout: Layout, lm: LMModel, generator: torch.Generator) -> None:
+    """The family's own voice format: Context Spanning's agent codes, PersonaPlex's replayed embeddings and token
+    ring (random values of the right shapes, the ring's text row padding)."""
+    folder.mkdir(exist_ok=True)
+    if layout == "contextspan":
+        codes = torch.randint(0, lm.card, (lm.n_q // 2, VOICE_FRAMES), generator=generator)
+        torch.save({"codes": codes}, folder / "random.pt")
+        return
+    embeddings = torch.randn(VOICE_FRAMES - 1, 1, 1, lm.dim, generator=generator)
+    cache = torch.randint(0, lm.card, (1, lm.num_codebooks, max(lm.delays) + 3), generator=generator)
+    cache[:, 0] = lm.existing_text_padding_id
+    torch.save({"embeddings": embeddings.to(torch.bfloat16), "cache": cache}, folder / "random.pt")

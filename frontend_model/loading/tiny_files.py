@@ -73,8 +73,8 @@ def write_tiny_checkpoint(
     lm_config = tiny_lm_config(layout)
     lm, mimi = random_models(lm_config, TINY_MIMI_CONFIG, "cpu", torch.float32, seed)
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(contiguous(lm.state_dict()), directory / loaders.MOSHI_NAME)
-    save_file(contiguous(mimi.state_dict()), directory / loaders.MIMI_NAME)
+    save_file(_contiguous(lm.state_dict()), directory / loaders.MOSHI_NAME)
+    save_file(_contiguous(mimi.state_dict()), directory / loaders.MIMI_NAME)
     shutil.copy(tiny_tokenizer_path(), directory / loaders.TEXT_TOKENIZER_NAME)
     (directory / MIMI_CONFIG_NAME).write_text(json.dumps(TINY_MIMI_CONFIG))
     (directory / "config.json").write_text(json.dumps({**lm_config, "mimi_config_name": MIMI_CONFIG_NAME}))
@@ -82,42 +82,38 @@ def write_tiny_checkpoint(
     (directory / OWN_CONFIG).write_text(json.dumps({"silence_codes": silence, "sine_codes": sine}))
     generator = torch.Generator().manual_seed(seed)
     if layout != "kyutai":
-        write_voices(directory / "voices", lm, generator, VOICE_FRAMES)
+        _write_voices(directory / "voices", lm, generator)
     if layout == "contextspan":
-        package = fine_tuned(lm.state_dict(), generator, lora_rank, lm)
+        package = _fine_tuned(lm, generator, lora_rank)
         if compiled_keys:
-            package["model"] = {compiled_name(k): v for k, v in package["model"].items()}
+            package["model"] = {_compiled_name(k): v for k, v in package["model"].items()}
         torch.save(package, directory / CONTEXT_SPANNING_WEIGHTS)
     return directory
 
 
-def contiguous(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """On the CPU, as safetensors writes them."""
-    return {k: v.detach().cpu().contiguous() for k, v in state.items()}
+def _contiguous(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.contiguous() for k, v in state.items()}
 
 
-def write_voices(folder: Path, lm: LMModel, generator: torch.Generator, frames: int) -> None:
+def _write_voices(folder: Path, lm: LMModel, generator: torch.Generator) -> None:
     folder.mkdir(exist_ok=True)
-    codes = torch.randint(0, lm.card, (lm.n_q // 2, frames), generator=generator)
+    codes = torch.randint(0, lm.card, (lm.n_q // 2, VOICE_FRAMES), generator=generator)
     torch.save({"codes": codes}, folder / "tiny-codes.pt")
-    embeddings = torch.randn(frames - 1, 1, 1, lm.dim, generator=generator)
+    embeddings = torch.randn(VOICE_FRAMES - 1, 1, 1, lm.dim, generator=generator)
     cache = torch.randint(0, lm.card, (1, lm.num_codebooks, max(lm.delays) + 3), generator=generator)
     cache[:, 0] = lm.existing_text_padding_id
     torch.save({"embeddings": embeddings, "cache": cache}, folder / "tiny-embeddings.pt")
 
 
-def fine_tuned(base: dict[str, torch.Tensor], generator: torch.Generator, lora_rank: int | None = None,
-               lm: LMModel | None = None) -> dict[str, Any]:
-    """The base weights given, nudged as a fine-tune would, in bf16 as Context Spanning ships them (`lm` names the
-    linear layers a LoRA entry wraps)."""
+def _fine_tuned(lm: LMModel, generator: torch.Generator, lora_rank: int | None) -> dict[str, Any]:
+    """The base weights, nudged as a fine-tune would, in bf16 as Context Spanning ships them."""
     state = {}
-    for name, value in contiguous(base).items():
+    for name, value in lm.state_dict().items():
         if value.dtype.is_floating_point:
-            value = value.float()
             value = value + 0.05 * value.std().nan_to_num() * torch.randn(value.shape, generator=generator)
             value = value.to(torch.bfloat16)
         state[name] = value.contiguous()
-    if lora_rank is None or lm is None:
+    if lora_rank is None:
         return {"model": state}
     linears = [name for name, module in lm.named_modules() if isinstance(module, torch.nn.Linear)][:3]
     for name in linears:
@@ -128,7 +124,7 @@ def fine_tuned(base: dict[str, torch.Tensor], generator: torch.Generator, lora_r
     return {"model": state, "lora": {"r": lora_rank, "alpha": 2 * lora_rank}}
 
 
-def compiled_name(key: str) -> str:
+def _compiled_name(key: str) -> str:
     """As torch.compile names them: inside a compiled submodule (`transformer._orig_mod.`) or at the top."""
     if key.startswith("transformer."):
         return key.replace("transformer.", "transformer._orig_mod.", 1)

@@ -86,6 +86,12 @@ class ReplayedGraph:
         return self._output
 
 
+def step_depformer(lm_gen: Any) -> Callable[[torch.Tensor, torch.Tensor], Any]:
+    """The depformer as `LMGen`'s step runs it: moshi's graph of it on a GPU (one captured shape, the whole batch), a
+    `ReplayedGraph` in replay mode, eager where the step graphs are off."""
+    return lm_gen._streaming_state.graphed_depth
+
+
 def set_up_graphs(root: StreamingModule, graphed: bool) -> None:
     """Every `CUDAGraphed` in the streaming states under `root` as this run uses it: eager where not `graphed` (the
     fallback where the step graphs failed to capture: moshi then calls each function itself), swapped for a

@@ -3,6 +3,9 @@
 Frames are stepped back to back (faster than real time where the machine allows) or paced at 80 ms with
 `realtime`; the backend runs concurrently in wall time, and an answer is injected at the first frame boundary after
 it arrives, exactly as in a live session (the checkpoint's persona and voice prefilled, the user's audio levelled).
+While a retrieval is in flight the frames are paced at 80 ms from its `<ret>` whatever the mode, so the answer lands
+as many frames after the question as it would live; where the input ends first, silence follows, as a caller
+who waits on the line, until the answer is in and said (`SAY_S`) or the span deadline has passed.
 Output: a stereo WAV like a recording (left user, right agent) and the events, each stamped with stream time.
 """
 
@@ -38,6 +41,7 @@ from server.wire.leveller import UserLeveller
 logger = logging.getLogger(__name__)
 
 INPUT_ENDED = "input ended before the span could be injected"
+SAY_S = 6.0  # silence stepped after a span injected past the input's end: time for the model to say it
 
 
 
@@ -45,6 +49,7 @@ INPUT_ENDED = "input ended before the span could be injected"
 class OfflineResult:
     events: list[Any] = field(default_factory=list)
     frames: int = 0
+    tail_frames: int = 0  # silence stepped past the input while an answer was awaited or said
     wall_s: float = 0.0
     spans: list[tuple[SpanOutcome, float]] = field(default_factory=list)  # outcome, answer-ready perf_counter
 
@@ -74,6 +79,8 @@ class OfflineSession:
         self._span: SpanRequest | None = None
         self._answered: dict[int, float] = {}
         self._triggered = 0.0  # time.perf_counter() of the latest retrieval started
+        self._triggered_frame = 0
+        self._say_until = 0  # frames to step, past the input, for the model to say a span injected there
 
     def emit(self, event: Any) -> None:
         self.result.events.append(event)
@@ -93,13 +100,19 @@ class OfflineSession:
         self.model_session.open(build_persona_block(self.model, persona, voice,
                                                     self.model_session.engine.max_span_frames), self.sampling)
         leveller = UserLeveller() if self.settings.level_user_audio else None
+        frames = self.assembler.push(pcm)
+        given = len(frames)
         start = time.perf_counter()
         try:
-            for i, frame in enumerate(self.assembler.push(pcm)):
+            i = 0
+            while i < given or self._waiting(retrieval.in_flight) or i < self._say_until:
+                if i == len(frames):
+                    frames += self.assembler.push(np.zeros(FRAME_SAMPLES, np.float32))
+                    self.result.tail_frames += 1
+                frame = frames[i]
                 if leveller is not None:
                     frame = replace(frame, pcm=leveller.process(frame.pcm))
-                if self.realtime:
-                    await asyncio.sleep(max(0.0, start + (i + 1) * FRAME_S - time.perf_counter()))
+                await self._pace(start, i, retrieval.in_flight)
                 retrieval.feed(frame.pcm)
                 span, self._span = self._span, None
                 out = await loop.run_in_executor(None, self.model_session.step, frame, span)
@@ -107,11 +120,13 @@ class OfflineSession:
                 for outcome in out.spans:
                     self.result.spans.append((outcome, self._answered.pop(id(outcome.request))))
                     self.emit(span_event(outcome, t))
+                    if i >= given:
+                        self._say_until = i + round(SAY_S / FRAME_S)
                 token = out.text_token
                 if i in self.ret_frames or (token is not None and token == self.model.span.ret_id):
                     self.emit(p.Retrieval(t=t, frame=i))
                     if retrieval.trigger():
-                        self._triggered = time.perf_counter()
+                        self._triggered, self._triggered_frame = time.perf_counter(), i + 1
                 piece = self.model.agent_text.piece(token) if token is not None else None
                 if piece is not None:
                     self.emit(p.AgentText(t=t, text=piece, frame=i))
@@ -119,6 +134,7 @@ class OfflineSession:
                     agent = out.agent_pcm if out.agent_pcm is not None else np.zeros(FRAME_SAMPLES, np.float32)
                     wav.write(frame.pcm, agent)
                 self.result.frames += 1
+                i += 1
                 await asyncio.sleep(0)
             self._report_unfinished(retrieval.in_flight)
         finally:
@@ -129,10 +145,26 @@ class OfflineSession:
                 wav.close()
         return self.result
 
+    def _waiting(self, retrieving: bool) -> bool:
+        """An answer to inject at the next frame (late ones are dropped there, as live), or a retrieval still within
+        the span deadline."""
+        in_time = time.perf_counter() - self._triggered <= self.settings.span_deadline_s
+        return self._span is not None or (retrieving and in_time)
+
+    async def _pace(self, start: float, frame: int, retrieving: bool) -> None:
+        """Frame `frame` no earlier than a live session would step it: always with `realtime`, else while an answer
+        is awaited (counted from the `<ret>`, so the backend gets the stream time it would get live)."""
+        if self.realtime:
+            ahead = start + (frame + 1) * FRAME_S - time.perf_counter()
+        elif retrieving or self._span is not None:
+            ahead = self._triggered + (frame - self._triggered_frame) * FRAME_S - time.perf_counter()
+        else:
+            return
+        await asyncio.sleep(max(0.0, ahead))
 
     def _report_unfinished(self, retrieving: bool) -> None:
-        """A retrieval or an answer the input ended before: reported as dropped, so that no `<ret>` goes unanswered
-        in the events (flat-out runs step faster than the backend answers)."""
+        """A retrieval still without an answer when the wait after the input's end ran past the span deadline:
+        reported as dropped, so that no `<ret>` goes unanswered in the events."""
         t = self.result.frames * FRAME_S
         now = time.perf_counter()
         if self._span is not None:
@@ -171,6 +203,7 @@ def infer(settings: ServerSettings, source: Path, out: Path, events: Path | None
         write_events(events, result.events)
     injected = sum(1 for e in result.events if e.type == "span.injected")
     dropped = sum(1 for e in result.events if e.type == "span.dropped")
-    print(f"{result.frames} frames ({result.frames * FRAME_S:.1f} s) in {result.wall_s:.1f} s "
+    waited = f", {result.tail_frames * FRAME_S:.1f} s of them silence after the input" if result.tail_frames else ""
+    print(f"{result.frames} frames ({result.frames * FRAME_S:.1f} s{waited}) in {result.wall_s:.1f} s "
           f"({result.realtime_factor:.1f}x real time); {injected} span(s) injected, {dropped} dropped; wrote {out}")
     return 0

@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pytest
 
-from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
+from frontend_model.frame import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
 from tests.support.speech import silence, speak
 
 
@@ -64,7 +64,7 @@ def test_infer_writes_a_recording_and_span_events(tmp_path: Path) -> None:
     frames = len(pcm) // FRAME_SAMPLES
     with wave.open(str(out)) as w:
         assert (w.getnchannels(), w.getframerate()) == (2, SAMPLE_RATE)
-        assert w.getnframes() == frames * FRAME_SAMPLES
+        assert w.getnframes() >= frames * FRAME_SAMPLES  # and silence after, while a later <ret> was answered
     recorded = json.loads(events.read_text())
     kinds = [e["type"] for e in recorded]
     assert "retrieval" in kinds and "question" in kinds and "agent.text" in kinds
@@ -74,16 +74,33 @@ def test_infer_writes_a_recording_and_span_events(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_infer_reports_a_retrieval_the_input_ended_before(tmp_path: Path) -> None:
-    """Flat out, the last frames are stepped long before Whisper and the agent answer: the `<ret>` two frames before
-    the end is reported as dropped, not lost."""
+def test_infer_waits_on_the_line_for_the_answer_to_a_question_at_the_end_of_the_input(tmp_path: Path) -> None:
+    """Flat out, the input's last frames are stepped long before Whisper and the agent answer: infer paces the frames
+    from the `<ret>` and steps silence after the input until the answer is in and said, as a caller waiting would."""
+    pcm = np.concatenate([silence(0.3), speak("What is twelve times seven?", tmp_path / "q.wav"), silence(0.5)])
+    source = tmp_path / "in.wav"
+    write_wav(source, pcm)
+    events, out = tmp_path / "events.json", tmp_path / "out.wav"
+    ret = len(pcm) // FRAME_SAMPLES - 2
+    done = contextspan("infer", str(source), "--out", str(out), "--events", str(events), "--ret-frames", str(ret),
+                       "--span-cap", "fixed", "--span-deadline-s", "60", "--question-wait-s", "5", cwd=tmp_path)
+    assert "1 span(s) injected, 0 dropped" in done.stdout and "silence after the input" in done.stdout
+    span = next(e for e in json.loads(events.read_text()) if e["type"] == "span.injected")
+    assert span["tool"] == "arithmetic" and "eighty-four" in span["text"]
+    with wave.open(str(out)) as w:  # the input, the wait, then six seconds for the model to say it
+        assert w.getnframes() >= (len(pcm) // FRAME_SAMPLES + 6 / FRAME_S) * FRAME_SAMPLES
+
+
+@pytest.mark.slow
+def test_infer_reports_a_retrieval_whose_answer_did_not_come_within_the_deadline(tmp_path: Path) -> None:
+    """The wait after the input ends at the span deadline: the retrieval is reported as dropped, not lost."""
     pcm = np.concatenate([silence(0.3), speak("What is twelve times seven?", tmp_path / "q.wav"), silence(0.5)])
     source = tmp_path / "in.wav"
     write_wav(source, pcm)
     events = tmp_path / "events.json"
     ret = len(pcm) // FRAME_SAMPLES - 2
     done = contextspan("infer", str(source), "--out", str(tmp_path / "out.wav"), "--events", str(events),
-                       "--ret-frames", str(ret), cwd=tmp_path)
+                       "--ret-frames", str(ret), "--span-deadline-s", "0.2", "--question-wait-s", "1", cwd=tmp_path)
     assert "0 span(s) injected, 1 dropped" in done.stdout
     dropped = [e for e in json.loads(events.read_text()) if e["type"] == "span.dropped"]
-    assert len(dropped) == 1 and dropped[0]["reason"] == "input ended before the span could be injected"
+    assert len(dropped) == 1 and dropped[0]["reason"] in ("input ended before the span could be injected", "late")
