@@ -13,6 +13,7 @@ sent until the agent's next turn. A client tool call is a `function_call` item o
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -23,6 +24,8 @@ from server.session.wire import AudioIn, ClearInput, Inbound
 from server.wire import protocol as p
 from server.wire import realtime as rt
 from server.wire.outbound import MessageKind, OutboundQueue, Outgoing
+
+logger = logging.getLogger(__name__)
 
 # An agent frame quieter than this (about -50 dBFS RMS) is silence; after this many silent frames in a row, the
 # agent's next sound starts its next turn.
@@ -42,6 +45,9 @@ NOT_HONOURED = {
     "modalities": "the agent always speaks: audio with its transcript",
     "output_format": "agent audio is always PCM16 24 kHz",
 }
+# The session's conditions that are no fault of the client's event: never `error` (Pipecat ends its session on most
+# errors). A failed ASR is the protocol's own `...input_audio_transcription.failed`; the rest are logged.
+NOT_THE_CLIENTS_FAULT = frozenset({"asr_failed", "tool_result_late", "app_spans_off", "span_rate_limited"})
 
 
 @dataclass
@@ -92,6 +98,8 @@ class RealtimeWire:
         self._user_item: str | None = None
         self._user_partial = ""
         self._failed: rt.RealtimeError | None = None
+        self._event_id: str | None = None  # the client event being handled, for errors the session finds in it
+        self._items: dict[str, rt.ConversationItem] = {}  # for conversation.item.retrieve
         self._config = _Config()
         self._unsupported: dict[str, str] = {}
 
@@ -160,13 +168,18 @@ class RealtimeWire:
                               status="completed" if status == "completed" else "incomplete",
                               content=[rt.AudioPart(type=self._audio_part, transcript=transcript)])
         self._send(rt.ResponseOutputItemDone(response_id=response.id, output_index=0, item=item))
-        self._send(rt.ConversationItemDone(item=item))
+        self._item_done(item)
         self._send(rt.ResponseDone(response=rt.Response(id=response.id, status=status, status_details=details,
                                                         output=[item, *response.calls], metadata=response.metadata)))
 
     def _add_item(self, item: rt.ConversationItem) -> None:
+        self._items[item.id] = item
         self._send(rt.ConversationItemAdded(previous_item_id=self._last_item, item=item))
         self._last_item = item.id
+
+    def _item_done(self, item: rt.ConversationItem) -> None:
+        self._items[item.id] = item
+        self._send(rt.ConversationItemDone(item=item))
 
     def _tool_call(self, call: p.ToolCall) -> None:
         """A client tool call: a `function_call` item of the open response, or after a cancel (the rest of that
@@ -189,7 +202,7 @@ class RealtimeWire:
                                                         name=call.name, arguments=call.arguments))
         item = item.model_copy(update={"status": "completed", "arguments": call.arguments})
         self._send(rt.ResponseOutputItemDone(response_id=response_id, output_index=output_index, item=item))
-        self._send(rt.ConversationItemDone(item=item))
+        self._item_done(item)
         if response is None:
             self._send(rt.ResponseDone(response=rt.Response(id=response_id, status="completed", output=[item])))
         else:
@@ -242,12 +255,25 @@ class RealtimeWire:
         elif isinstance(event, p.ToolCall):
             self._tool_call(event)
         elif isinstance(event, p.ErrorEvent):
-            failed, self._failed = self._failed, None
-            if failed is None or failed.code != event.code:
-                failed = rt.RealtimeError(event.code, event.message)
-            self._send(rt.ErrorEvent.of(failed))
+            self._error(event)
         elif isinstance(event, rt.SpanEvent):
             self._send(rt.Extension.of(event))
+
+    def _error(self, event: p.ErrorEvent) -> None:
+        """`error` for the client's own invalid event, with its `event_id`: the one the wire refused, or else the
+        one being handled when the session refused what it asked."""
+        failed, self._failed = self._failed, None
+        if event.code in NOT_THE_CLIENTS_FAULT:
+            logger.info("realtime session %s: %s (%s)", self.session_id, event.message, event.code)
+            if event.code == "asr_failed":
+                self._send(rt.InputAudioTranscriptionFailed(
+                    item_id=self._user_utterance(), error=rt.TranscriptionError(code=event.code,
+                                                                                message=event.message)))
+                self._user_item, self._user_partial = None, ""
+            return
+        if failed is None or failed.code != event.code:
+            failed = rt.RealtimeError(event.code, event.message, self._event_id)
+        self._send(rt.ErrorEvent.of(failed))
 
     # in -----------------------------------------------------------------------------------------------------
     def inbound(self, message: Message) -> list[Inbound]:
@@ -263,13 +289,18 @@ class RealtimeWire:
             if message.get("bytes") is not None:
                 raise rt.RealtimeError("unexpected_binary", "Realtime events are JSON text messages")
             return []
+        self._event_id = None
         event = rt.parse_client_event(text)
+        self._event_id = event.event_id
+        try:
+            return self._handle(event)
+        except rt.RealtimeError as exc:
+            exc.event_id = exc.event_id or event.event_id
+            raise
+
+    def _handle(self, event: rt.ClientEvent) -> list[Inbound]:
         if isinstance(event, rt.AppendEvent):
-            try:
-                return [AudioIn(rt.decode_audio(event.audio))]
-            except rt.RealtimeError as exc:
-                exc.event_id = event.event_id
-                raise
+            return [AudioIn(rt.decode_audio(event.audio))]
         if isinstance(event, rt.SessionUpdateEvent):
             return [self._session_update(event)]
         if isinstance(event, rt.CommitEvent):
@@ -286,6 +317,13 @@ class RealtimeWire:
             return []
         if isinstance(event, rt.ItemDeleteEvent):
             self._send(rt.ConversationItemDeleted(item_id=event.item_id))
+            return []
+        if isinstance(event, rt.ItemRetrieveEvent):
+            item = self._items.get(event.item_id)
+            if item is None:
+                raise rt.RealtimeError("item_not_found", f"no item {event.item_id[:100]!r} in this conversation",
+                                       param="item_id")
+            self._send(rt.ConversationItemRetrieved(item=item))
             return []
         if isinstance(event, rt.ResponseCreateEvent):
             self._requested = event.response.metadata if event.response is not None else None
@@ -320,7 +358,7 @@ class RealtimeWire:
             raise rt.RealtimeError("unsupported_item", "only user or system text messages (they become spans) and "
                                    "function_call_output items can be created", event.event_id, "item")
         self._add_item(added)
-        self._send(rt.ConversationItemDone(item=added))
+        self._item_done(added)
         return [inbound]
 
     def _session_update(self, event: rt.SessionUpdateEvent) -> p.SessionUpdate:

@@ -211,6 +211,12 @@ class ItemDeleteEvent(_Open):
     item_id: str
 
 
+class ItemRetrieveEvent(_Open):
+    type: Literal["conversation.item.retrieve"]
+    event_id: str | None = None
+    item_id: str
+
+
 class ResponseRequest(_Open):
     metadata: dict[str, str] | None = Field(None, max_length=16)
 
@@ -229,13 +235,13 @@ class ResponseCancelEvent(_Open):
 
 ClientEvent = Annotated[
     SessionUpdateEvent | AppendEvent | CommitEvent | ClearEvent | ItemCreateEvent | ItemTruncateEvent
-    | ItemDeleteEvent | ResponseCreateEvent | ResponseCancelEvent,
+    | ItemDeleteEvent | ItemRetrieveEvent | ResponseCreateEvent | ResponseCancelEvent,
     Field(discriminator="type"),
 ]
 _client_adapter: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
 CLIENT_TYPES = ("session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
                 "input_audio_buffer.clear", "conversation.item.create", "conversation.item.truncate",
-                "conversation.item.delete", "response.create", "response.cancel")
+                "conversation.item.delete", "conversation.item.retrieve", "response.create", "response.cancel")
 
 
 def parse_client_event(text: str) -> ClientEvent:
@@ -269,7 +275,7 @@ def item_text(item: Item) -> str:
     if not text:
         raise RealtimeError("empty_item", "the item holds no text")
     if len(text) > MAX_APP_SPAN_CHARS:
-        raise RealtimeError("span_too_long", f"item text is over {MAX_APP_SPAN_CHARS} characters")
+        raise RealtimeError("span_too_long", f"item text is over {MAX_APP_SPAN_CHARS} characters", param="item.content")
     return text
 
 
@@ -476,6 +482,11 @@ class ConversationItemTruncated(ServerEvent):
     audio_end_ms: int
 
 
+class ConversationItemRetrieved(ServerEvent):
+    type: Literal["conversation.item.retrieved"] = "conversation.item.retrieved"
+    item: ConversationItem
+
+
 class ConversationItemDeleted(ServerEvent):
     type: Literal["conversation.item.deleted"] = "conversation.item.deleted"
     item_id: str
@@ -492,6 +503,22 @@ class InputAudioTranscriptionDelta(ServerEvent):
 class TranscriptionUsage(BaseModel):
     type: Literal["duration"] = "duration"
     seconds: float = Field(description="the utterance's duration")
+
+
+class TranscriptionError(BaseModel):
+    type: Literal["server_error"] = "server_error"
+    code: str
+    message: str
+
+
+class InputAudioTranscriptionFailed(ServerEvent):
+    """The server's ASR failed on this utterance: the protocol's own event, which no client takes as fatal."""
+
+    type: Literal["conversation.item.input_audio_transcription.failed"] = (
+        "conversation.item.input_audio_transcription.failed")
+    item_id: str
+    content_index: int = 0
+    error: TranscriptionError
 
 
 class InputAudioTranscriptionCompleted(ServerEvent):

@@ -175,12 +175,13 @@ def conversation(server: RunningServer, question: np.ndarray) -> Seen:
                 "output": "Sunny and twenty degrees in Paris."})
 
     item = {"type": "conversation.item.create",
-            "item": {"type": "message", "role": "user",
+            "item": {"id": "item_booked", "type": "message", "role": "user",
                      "content": [{"type": "input_text", "text": "Your table is booked for 8 pm."}]}}
     others = [(0.5, {"type": "input_audio_buffer.commit"}), (0.6, {"type": "input_audio_buffer.clear"}),
               (1.2, {"type": "conversation.item.truncate", "item_id": "item_0", "content_index": 0,
                      "audio_end_ms": 0}),
-              (1.3, {"type": "conversation.item.delete", "item_id": "item_0"})]
+              (1.3, {"type": "conversation.item.delete", "item_id": "item_0"}),
+              (1.4, {"type": "conversation.item.retrieve", "item_id": "item_booked"})]
     session = {"type": "realtime", "instructions": "You are a helpful assistant.", "tools": [WEATHER_TOOL],
                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None}}}
     return asyncio.run(converse(server, question, answer_tools, until=lambda s: bool(span_for(s, "get_weather")),
@@ -205,6 +206,8 @@ def test_the_sdk_converses_with_audio_transcripts_a_text_item_and_a_client_tool(
         conversation: Seen, llm: tuple[str, Script]) -> None:
     seen = conversation
     assert not seen.of("error"), [e.error for e in seen.of("error")]
+    (retrieved,) = seen.of("conversation.item.retrieved")
+    assert retrieved.item.id == "item_booked" and retrieved.item.content[0].text == "Your table is booked for 8 pm."
     (created,) = seen.of("session.created")
     assert created.session.audio.input.format.rate == SAMPLE_RATE
     updated = seen.of("session.updated")
@@ -245,10 +248,19 @@ def test_every_event_type_the_server_sends_is_one_of_the_sdks_own_server_events(
     ours = [e for e in conversation.raw + bad_inputs.raw if not e["type"].startswith(rt.EXTENSION_PREFIX)]
     for event in ours:
         as_sdk_event(event)
-    assert {e["type"] for e in ours} == set(server_event_models())
+    asr_failing = {"conversation.item.input_audio_transcription.failed"}  # the wire's unit tests send it
+    assert {e["type"] for e in ours} == set(server_event_models()) - asr_failing
 
 
-def test_a_late_tool_answer_is_dropped_and_reported(server: RunningServer, question: np.ndarray) -> None:
+def answered_then_heard(seen: Seen) -> bool:
+    """The client's function output was taken in and agent audio has come after it."""
+    types = [e["type"] if e["type"] != "conversation.item.done" else e["item"]["type"] for e in seen.raw]
+    return "function_call_output" in types and "response.output_audio.delta" in types[
+        types.index("function_call_output"):]
+
+
+def test_a_late_tool_answer_is_dropped_and_is_no_error(server: RunningServer, question: np.ndarray) -> None:
+    """The span deadline passing is no fault of the client's: an `error` would end a Pipecat session."""
     calls: list[str] = []
 
     async def remember(connection: Any, event: Any) -> None:
@@ -258,12 +270,12 @@ def test_a_late_tool_answer_is_dropped_and_reported(server: RunningServer, quest
             await connection.conversation.item.create(item={"type": "function_call_output", "call_id": calls[0],
                                                             "output": "Too late."})
 
-    seen = asyncio.run(converse(server, question, remember, until=lambda s: bool(s.of("error")),
+    seen = asyncio.run(converse(server, question, remember, until=answered_then_heard,
                                 session={"type": "realtime", "tools": [WEATHER_TOOL]}, max_s=DEADLINE_S + 30))
     assert calls
     assert any("no answer within" in e.reason for e in seen.of("contextspan.span.dropped"))
     assert not seen.of("contextspan.span.injected")
-    assert seen.of("error")[0].error.code == "tool_result_late"
+    assert answered_then_heard(seen) and not seen.of("error")
 
 
 def test_each_bad_input_gets_a_clear_error_and_the_session_goes_on(bad_inputs: Seen) -> None:

@@ -198,6 +198,10 @@ def test_an_unknown_voice_is_reported_and_the_voice_stays() -> None:
     ({"type": "conversation.item.create", "item": {"type": "message", "role": "assistant", "content": []},
       "event_id": "e1"}, "unsupported_item", "item"),
     ({"type": "response.cancel", "event_id": "e1"}, "response_cancel_not_active", "response_id"),
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "x" * (p.MAX_APP_SPAN_CHARS + 1)}]}, "event_id": "e1"}, "span_too_long",
+     "item.content"),
+    ({"type": "conversation.item.retrieve", "item_id": "item_nope", "event_id": "e1"}, "item_not_found", "item_id"),
 ])
 def test_bad_events_are_errors_naming_the_event_and_the_field(event: dict[str, Any], code: str, param: str) -> None:
     w, queue = wire()
@@ -208,6 +212,47 @@ def test_bad_events_are_errors_naming_the_event_and_the_field(event: dict[str, A
     (error,) = sent(queue)
     assert error["type"] == "error"
     assert (error["error"]["code"], error["error"]["event_id"], error["error"]["param"]) == (code, "e1", param)
+
+
+def test_an_error_the_session_finds_in_a_client_event_carries_that_events_id() -> None:
+    w, queue = wire()
+    w.inbound(message({"type": "conversation.item.create", "event_id": "e7", "item": {
+        "type": "function_call_output", "call_id": "call_never", "output": "Sunny."}}))
+    sent(queue)
+    w.event(p.ErrorEvent(t=0.0, code="unknown_call", message="no tool call 'call_never' was made in this session"))
+    (error,) = sent(queue)
+    assert (error["type"], error["error"]["code"], error["error"]["event_id"]) == ("error", "unknown_call", "e7")
+
+
+@pytest.mark.parametrize("code", ["tool_result_late", "app_spans_off", "span_rate_limited"])
+def test_conditions_that_are_not_the_clients_fault_are_never_errors(code: str) -> None:
+    w, queue = ready()
+    w.inbound(message({"type": "conversation.item.create", "event_id": "e7", "item": {
+        "type": "function_call_output", "call_id": "call_1", "output": "Sunny."}}))
+    sent(queue)
+    w.event(p.ErrorEvent(t=0.0, code=code, message="not the client's fault"))
+    assert sent(queue) == []
+
+
+def test_a_failed_transcription_is_the_protocols_own_event_on_that_user_item_and_the_next_one_is_new() -> None:
+    w, queue = wire()
+    w.event(p.UserTranscript(t=1.0, text="What is", final=False))
+    w.event(p.ErrorEvent(t=1.5, code="asr_failed", message="RuntimeError: whisper died"))
+    w.event(p.UserTranscript(t=3.0, text="Hello", final=False))
+    added, _, failed, added_again, _ = sent(queue)
+    assert failed["type"] == "conversation.item.input_audio_transcription.failed"
+    assert failed["item_id"] == added["item"]["id"] != added_again["item"]["id"]
+    assert (failed["error"]["code"], failed["error"]["message"]) == ("asr_failed", "RuntimeError: whisper died")
+
+
+def test_a_conversation_item_is_retrieved_as_it_is_now() -> None:
+    w, queue = ready()
+    turn(w)
+    w.audio(LOUD)
+    (done,) = [e["item"] for e in sent(queue) if e["type"] == "conversation.item.done"]
+    assert w.inbound(message({"type": "conversation.item.retrieve", "item_id": done["id"]})) == []
+    (retrieved,) = sent(queue)
+    assert (retrieved["type"], retrieved["item"]) == ("conversation.item.retrieved", done)
 
 
 def test_audio_appends_become_pcm_and_commit_and_clear_are_answered() -> None:
@@ -287,7 +332,8 @@ def every_event_the_wire_sends(dialect: rt.Dialect) -> list[dict[str, Any]]:
     turn(w)
     w.audio(LOUD)
     for event in ({"type": "input_audio_buffer.commit"}, {"type": "input_audio_buffer.clear"},
-                  {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+                  {"type": "conversation.item.create", "item": {"id": "item_booked", "type": "message",
+                                                                "role": "user", "content": [
                       {"type": "input_text", "text": "Booked."}]}},
                   {"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c",
                                                                 "output": "Sunny."}},
@@ -297,6 +343,8 @@ def every_event_the_wire_sends(dialect: rt.Dialect) -> list[dict[str, Any]]:
     w.event(p.ToolCall(t=1.0, call_id="c", name="get_weather", arguments="{}"))
     w.event(p.UserTranscript(t=1.0, text="What", final=False))
     w.event(p.UserTranscript(t=1.5, text="What now?", final=True, start=0.5, end=1.5))
+    w.event(p.ErrorEvent(t=1.6, code="asr_failed", message="RuntimeError: whisper died"))
+    w.inbound(message({"type": "conversation.item.retrieve", "item_id": "item_booked"}))
     w.inbound(message({"type": "response.cancel"}))
     w.event(p.ErrorEvent(t=2.0, code="invalid_json", message="a client event must be a JSON object"))
     w.event(p.Retrieval(t=2.0, frame=25))
