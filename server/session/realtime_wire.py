@@ -400,9 +400,12 @@ class RealtimeWire:
             tools = [p.ClientTool(name=t.name, description=t.description, parameters=t.parameters)
                      for t in session.tools]
             self._config.tools = session.tools
-        if session.instructions is not None:
-            self._config.instructions = session.instructions
+        # Only a change is prefilled again (restarting the model's context): Pipecat and LiveKit send the same
+        # instructions more than once.
+        persona = session.instructions if session.instructions != self._config.instructions else None
+        voice = voice if voice != self._config.voice else None
+        if persona is not None:
+            self._config.instructions = persona
         if voice is not None:
             self._config.voice = voice
-        return p.SessionUpdate(type="session.update", persona=session.instructions, voice=voice, tools=tools,
-                               sampling=sampling)
+        return p.SessionUpdate(type="session.update", persona=persona, voice=voice, tools=tools, sampling=sampling)

@@ -177,6 +177,17 @@ def test_session_update_maps_instructions_voice_tools_and_temperature_and_report
     assert updated["session"]["instructions"] == "Be brief." and updated["session"]["tools"][0]["name"] == "get_weather"
 
 
+def test_unchanged_instructions_and_voice_change_nothing_and_a_change_is_prefilled() -> None:
+    w, _ = ready()
+    (same,) = w.inbound(message({"type": "session.update", "session": {
+        "instructions": READY.persona, "audio": {"output": {"voice": READY.voice}}, "tools": []}}))
+    assert (same.persona, same.voice, same.tools) == (None, None, [])
+    (changed,) = w.inbound(message({"type": "session.update", "session": {"instructions": "Be brief."}}))
+    assert changed.persona == "Be brief."
+    (again,) = w.inbound(message({"type": "session.update", "session": {"instructions": "Be brief."}}))
+    assert again.persona is None
+
+
 def test_an_unknown_voice_is_reported_and_the_voice_stays() -> None:
     w, queue = wire()
     (update,) = w.inbound(message({"type": "session.update", "session": {"voice": "alloy"}}))
