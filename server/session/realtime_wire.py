@@ -96,7 +96,7 @@ class RealtimeWire:
         self._requested: dict[str, str] | None = None  # metadata of a response.create, for the next response
         self._last_item: str | None = None
         self._user_item: str | None = None
-        self._user_partial = ""
+        self._user_partial = ""  # what the transcription deltas of the user item add up to
         self._failed: rt.RealtimeError | None = None
         self._event_id: str | None = None  # the client event being handled, for errors the session finds in it
         self._items: dict[str, rt.ConversationItem] = {}  # for conversation.item.retrieve
@@ -224,10 +224,10 @@ class RealtimeWire:
                                                            usage=rt.TranscriptionUsage(seconds=round(seconds, 3))))
             self._user_item, self._user_partial = None, ""
             return
-        # Whisper's partials are re-transcriptions: the delta is what this one adds, or all of it when it changed.
-        delta = event.text[len(self._user_partial):] if event.text.startswith(self._user_partial) else event.text
-        self._user_partial = event.text
-        if delta:
+        # Deltas only extend, as OpenAI's do: Whisper's partials are re-transcriptions, and one that changes text
+        # already sent adds nothing until it extends that text again; `completed` carries the final text.
+        if event.text.startswith(self._user_partial) and len(event.text) > len(self._user_partial):
+            delta, self._user_partial = event.text[len(self._user_partial):], event.text
             self._send(rt.InputAudioTranscriptionDelta(item_id=item_id, delta=delta))
 
     def _session_object(self) -> rt.Session | rt.BetaSession:

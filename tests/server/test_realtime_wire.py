@@ -332,6 +332,16 @@ def test_user_transcripts_become_one_item_with_deltas_then_completed() -> None:
     assert events[-1]["usage"] == {"type": "duration", "seconds": 1.25}
 
 
+def test_transcription_deltas_only_extend_and_completed_carries_the_final_text() -> None:
+    w, queue = wire()
+    for text in ("What is", "What's the", "What is the", "What is the time"):
+        w.event(p.UserTranscript(t=1.0, text=text, final=False))
+    w.event(p.UserTranscript(t=2.0, text="What's the time?", final=True, start=0.5, end=1.75))
+    events = sent(queue)
+    assert [e["delta"] for e in events if "delta" in e] == ["What is", " the", " time"]
+    assert events[-1]["transcript"] == "What's the time?"
+
+
 def every_event_the_wire_sends(dialect: rt.Dialect) -> list[dict[str, Any]]:
     """The wire driven through every path that sends something: a session, its updates, turns, the input buffer,
     items, a tool call, transcripts, a cancel, an error, a span event."""
