@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from benchmarks.report import add_max_span_flag, machine_info, save_json
-from benchmarks.span_latency import span_of_frames, summarise
+from benchmarks.span_latency import logit_tolerance, span_of_frames, summarise
 from frontend_model.engine.calibration import device_sync, time_call
 from frontend_model.engine.chunked_prefill import SpanPrefill
 from frontend_model.engine.engine import GREEDY, Engine
@@ -27,13 +27,6 @@ from frontend_model.loading.full_width_files import write_full_width_checkpoint
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.span.block import Block, Prefix
 from server.session.persona import build_persona_block, persona_and_voice
-
-FLOAT32_TOLERANCE = 1e-4
-
-
-def bf16_tolerance(scale: float) -> float:
-    """Four bf16 steps at the logits' magnitude, as tests/frontend_model/test_bf16_tolerance.py states it."""
-    return 4 * 2**-8 * max(8.0, scale)
 
 
 def session_prefix(model: LoadedModel) -> Prefix:
@@ -83,7 +76,7 @@ def equivalence(model: LoadedModel, prefix: Prefix, frames: int, max_span: int) 
     one_pass, stepwise, chunked = (logits_after(model, prefix, block, mode, max_span)
                                    for mode in (SpanPrefill.ONE_PASS, None, SpanPrefill.CHUNKED))
     scale = float(one_pass[2].abs().max())
-    tolerance = FLOAT32_TOLERANCE if model.lm.dtype == torch.float32 else bf16_tolerance(scale)
+    tolerance = logit_tolerance(model.lm.dtype, scale)
     row: dict[str, Any] = {"span_frames": frames, "max_abs_logit": scale, "tolerance": tolerance}
     for name, other in (("one_pass_vs_stepwise", stepwise), ("chunked_vs_one_pass", chunked)):
         row[f"prefix_{name}"] = float((other[0] - one_pass[0]).abs().max())

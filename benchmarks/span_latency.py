@@ -39,6 +39,13 @@ SPAN_TEXT = (
     "six in the evening, and the train from London to Edinburgh takes about four and a half hours. "
 )
 WARM_STEPS = 8
+FLOAT32_TOLERANCE = 1e-4  # next-step logits of two ways of writing the same columns, in float32
+
+
+def logit_tolerance(dtype: torch.dtype, scale: float) -> float:
+    """float32: FLOAT32_TOLERANCE; bf16: four bf16 steps at the logits' magnitude, as
+    tests/frontend_model/test_bf16_tolerance.py states it."""
+    return FLOAT32_TOLERANCE if dtype == torch.float32 else 4 * 2**-8 * max(8.0, scale)
 
 
 def span_of_frames(model: LoadedModel, frames: int) -> Block:

@@ -45,7 +45,6 @@ ENGINE_TESTS = ["tests/frontend_model/test_engine_equivalence.py", "tests/fronte
                 "tests/frontend_model/test_batch_model.py",
                 "tests/frontend_model/test_batch_codec.py"]
 BF16_TESTS = ["tests/frontend_model/test_bf16_tolerance.py"]
-FLOAT32_TOLERANCE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -434,12 +433,11 @@ def run(args: argparse.Namespace) -> int:
 def equivalence(args: argparse.Namespace) -> int:
     """Next-step text logits after a span injected in one pass against the same columns fed one by one and against
     the span in graphed power-of-two chunks, and after steps and a span under CUDA graphs against eager, per
-    profile. float32 must agree to FLOAT32_TOLERANCE; bf16 to four bf16 steps at the logits' magnitude (as
-    tests/frontend_model/test_bf16_tolerance.py states it)."""
+    profile, within `benchmarks.span_latency.logit_tolerance`."""
     import torch
     from moshi.utils.compile import no_cuda_graph
 
-    from benchmarks.span_latency import next_step_logits
+    from benchmarks.span_latency import logit_tolerance, next_step_logits
     from frontend_model.engine.chunked_prefill import SpanPrefill
     from frontend_model.loading.loader import load_model
     from server.settings import ServerSettings
@@ -458,7 +456,7 @@ def equivalence(args: argparse.Namespace) -> int:
         with no_cuda_graph():
             eager = next_step_logits(model, args.frames, SpanPrefill.ONE_PASS, max_span)
         scale = float(one_pass.abs().max())
-        tolerance = FLOAT32_TOLERANCE if dtype == torch.float32 else 4 * 2**-8 * max(8.0, scale)
+        tolerance = logit_tolerance(dtype, scale)
         row = {"profile": name, "dtype": str(dtype), "frames": args.frames, "max_abs_logit": scale,
                "tolerance": tolerance, "one_pass_vs_stepwise": float((one_pass - stepwise).abs().max()),
                "chunked_vs_one_pass": float((chunked - one_pass).abs().max()),

@@ -6,7 +6,8 @@ At full width nothing but the release's own files is written: no `config.json` (
 reads dep_q from the weights), no `contextspan.json` (the PersonaPlex placeholder codes apply). At reduced width a
 `config.json` names the tiny widths and Mimi, as for the tiny checkpoints. The Context Spanning file holds the
 fine-tuned share of the weights only (`OVERLAY_PREFIXES`): the loader reads what it lacks from the base, its path
-for any overlay, and the check writes 16 GB once instead of twice.
+for any overlay, and the check writes 16 GB once instead of twice. tiny_files' helpers are reused, not moved out:
+its source keys the trained release (frontend_model/training/checkpoint.py).
 """
 
 from __future__ import annotations
