@@ -64,6 +64,17 @@ def release(model: LoadedModel) -> None:
         torch.cuda.empty_cache()
 
 
+def device_memory(model: LoadedModel) -> dict[str, float] | None:
+    """GiB the device holds now and held at most since the last call: a size that does not fit says why (the rings
+    themselves, or memory an earlier size kept)."""
+    if model.device.type != "cuda":
+        return None
+    memory = {"peak_gib": torch.cuda.max_memory_allocated(model.device) / 2**30,
+              "allocated_gib": torch.cuda.memory_allocated(model.device) / 2**30}
+    torch.cuda.reset_peak_memory_stats(model.device)
+    return memory
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="contextspan bench batch", description=__doc__)
     parser.add_argument("--profile", default="tiny", choices=PROFILES)
@@ -72,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reduced", action="store_true",
                         help="random profiles at tiny widths, with their real vocabulary, codebooks, delays (CPU CI)")
     parser.add_argument("--context", type=int, default=None, help="override the LM context, in frames")
-    parser.add_argument("--sessions", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16])
+    parser.add_argument("--sessions", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16],
+                        help="batch sizes, measured in this order: largest first, the first that fits the device "
+                        "is found on a device no earlier size has used")
     parser.add_argument("--span-frames", type=int, default=64, help="frames of the span injected per tick")
     parser.add_argument("--ticks", type=int, default=100, help="ticks measured per batch size, over all rounds")
     parser.add_argument("--rounds", type=int, default=4,
@@ -93,10 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.profile, args.checkpoint, device=args.device, context=args.context, reduced=args.reduced)
     per_round = max(1, args.ticks // args.rounds)
     samples: dict[tuple[int, int], list[float]] = {}
+    memory: dict[int, dict[str, float] | None] = {}
     sizes, out_of_memory = list(args.sessions), None
+    device_memory(model)
     for done in range(args.rounds):
         print(f"round {done + 1} of {args.rounds}", file=sys.stderr, flush=True)
         for slots in list(sizes):
+            if slots not in sizes:  # out of memory at a smaller size earlier in this round
+                continue
             try:
                 for frames in (0, args.span_frames):
                     measured = measure(model, slots, per_round, frames, args.max_span_frames,
@@ -104,18 +121,19 @@ def main(argv: list[str] | None = None) -> int:
                     samples.setdefault((slots, frames), []).extend(measured)
             except torch.OutOfMemoryError as exc:
                 # The device holds no more sessions' rings: this size and the larger ones are reported as such.
-                out_of_memory = {"sessions": slots, "error": str(exc).split(". ")[0]}
-                print(f"{slots} sessions: out of memory, larger sizes skipped", file=sys.stderr, flush=True)
+                out_of_memory = {"sessions": slots, "error": str(exc)[:600]}
+                print(f"{slots} sessions: out of memory, larger sizes skipped: {exc}", file=sys.stderr, flush=True)
                 sizes = [s for s in sizes if s < slots]
-                break
             finally:
                 release(model)
+                memory[slots] = device_memory(model)
+                print(f"{slots} sessions: device memory {memory[slots]}", file=sys.stderr, flush=True)
     rows: list[dict[str, Any]] = []
     print(f"{'B':>4} | tick P50 (ms) | tick P99 (ms) | +span({args.span_frames}) P50 | +span P99")
-    for slots in sizes:
+    for slots in sorted(sizes):
         plain = summarise(samples[(slots, 0)])
         spanned = summarise(samples[(slots, args.span_frames)])
-        rows.append({"sessions": slots, "tick": plain, "tick_with_span": spanned})
+        rows.append({"sessions": slots, "tick": plain, "tick_with_span": spanned, "memory": memory.get(slots)})
         print(f"{slots:>4} | {plain['p50_ms']:13.2f} | {plain['p99_ms']:13.2f} | {spanned['p50_ms']:14.2f} | "
               f"{spanned['p99_ms']:9.2f}", flush=True)
     base = next((r["tick"]["p50_ms"] for r in rows if r["sessions"] == 1), None)
@@ -126,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                           "max_span_frames": args.max_span_frames,
                           "rounds": args.rounds,
                           "machine": machine_info(str(model.device)), "rows": rows,
-                          "out_of_memory": out_of_memory})
+                          "out_of_memory": out_of_memory, "memory_at_out_of_memory": memory.get(
+                              out_of_memory["sessions"]) if out_of_memory else None})
     return 0
 
 

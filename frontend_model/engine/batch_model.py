@@ -65,7 +65,11 @@ class BatchedModel:
 
     def start(self) -> None:
         self.codec.open(self.optimisations.enabled("step_graphs"))
-        self.engine.start()
+        try:
+            self.engine.start()
+        except BaseException:
+            self.codec.close()
+            raise
 
     def close(self) -> None:
         self.engine.close()

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
+from functools import partial
 from typing import Any
 
 import torch
@@ -151,12 +152,18 @@ class ChunkedPrefill:
         cuda = next(lm.parameters()).device.type == "cuda"
         self._graphs: dict[int, Callable[..., Any]] = {}
         for size in self.sizes:
-            graphed = CUDAGraphed(self._chunk, warmup_steps=1, disable=not cuda)
+            # forward_last bound to the LM, not a method of self: no cycle keeps a closed prefill's graphs alive
+            graphed = CUDAGraphed(partial(forward_last, lm), warmup_steps=1, disable=not cuda)
             self._graphs[size] = ReplayedGraph(graphed) if replay_outputs() else graphed
         self._capture()
 
-    def _chunk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return forward_last(self.lm, x)
+    def close(self) -> None:
+        """Destroys the chunk graphs now, not in a garbage collection during another engine's capture
+        (moshi_internals/graphs.py `release_graphs`)."""
+        for graphed in self._graphs.values():
+            if isinstance(graphed, CUDAGraphed):
+                graphed.reset()
+        self._graphs.clear()
 
     @torch.no_grad()
     def _capture(self) -> None:

@@ -10,7 +10,7 @@ import torch
 from moshi.models.compression import MimiModel
 
 from frontend_model.frame import FRAME_SAMPLES
-from frontend_model.moshi_internals.graphs import graph_path, set_up_graphs
+from frontend_model.moshi_internals.graphs import graph_path, release_graphs, set_up_graphs
 from frontend_model.moshi_internals.row_view import active_rows, rows
 
 
@@ -30,6 +30,7 @@ class FrameCodec:
 
     def close(self) -> None:
         if self._stream is not None:
+            release_graphs(self.mimi)
             self._stream.close()
             self._stream = None
 
@@ -67,6 +68,7 @@ class BatchFrameCodec:
 
     def close(self) -> None:
         if self._stream is not None:
+            release_graphs(self.mimi)
             self._stream.close()
             self._stream = None
 

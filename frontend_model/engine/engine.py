@@ -29,10 +29,11 @@ from frontend_model.engine.columns import delayed_columns, embed_columns, forwar
 from frontend_model.engine.optimisations import Optimisation, Optimisations
 from frontend_model.frame import FRAME_S
 from frontend_model.loading.loader import LoadedModel
-from frontend_model.moshi_internals.graphs import graph_path, set_up_graphs, step_depformer
+from frontend_model.moshi_internals.graphs import graph_path, release_graphs, set_up_graphs, step_depformer
 from frontend_model.moshi_internals.kv_ring import wide_rings
 from frontend_model.moshi_internals.row_sampling import RowSampler, RowSampling, SamplingConfig, Stream
 from frontend_model.moshi_internals.row_view import rows
+from frontend_model.moshi_internals.streaming_state import stop_streaming
 from frontend_model.span.block import Block, Prefix
 from frontend_model.span.build import MIN_SPAN_FRAMES, SpanBuild, build_span
 
@@ -125,21 +126,30 @@ class Engine:
             raise EngineStateError("engine is closed; create a new one")
         if self._started:
             raise EngineStateError("engine already started")
-        with wide_rings(self.model.lm.transformer, self.max_span_frames) as capacity:
-            self._stream = self.lm_gen.streaming(self.slots)
-        self.kv_capacity = capacity
-        set_up_graphs(self.lm_gen, self.optimisations.enabled("step_graphs"))
-        if self._may_chunk():
-            self.chunked = self._chunked_prefill()
-        if self.chunked is None:
-            self._one_pass()
+        try:
+            with wide_rings(self.model.lm.transformer, self.max_span_frames) as capacity:
+                self._stream = self.lm_gen.streaming(self.slots)
+            self.kv_capacity = capacity
+            set_up_graphs(self.lm_gen, self.optimisations.enabled("step_graphs"))
+            if self._may_chunk():
+                self.chunked = self._chunked_prefill()
+            if self.chunked is None:
+                self._one_pass()
+        except BaseException:
+            # Out of device memory, say: the model is left as it was found, for a smaller engine to start.
+            self.close()
+            stop_streaming(self.lm_gen)
+            raise
         self.sampler = RowSampler(self.slots, RowSampling.from_config(self.sampling), self.model.device)
         self._started = True
 
     def close(self) -> None:
         if self._stream is not None:
+            release_graphs(self.lm_gen)
             self._stream.close()
             self._stream = None
+        if self.chunked is not None:
+            self.chunked.close()
         self.chunked = None
         self._closed = True
 
@@ -324,8 +334,8 @@ class Engine:
         code ([hi - lo] each), with the rows' own sampling; the depformer's other codebooks are not kept.
 
         On the graph path through the step's own graphed depformer, for the whole batch (the one shape it was
-        captured for) with only rows lo..hi drawing: launched op by op instead, the depformer cost 73 ms a span on an
-        H200 (benchmarks/README.md, the GPU check), four whole graphed steps."""
+        captured for) with only rows lo..hi drawing: the one shape a graph replays (docs/engine.md says what the
+        exit costs on an H200)."""
         self._on_text_logits(logits)
         exec_mask = self._state().exec_mask
         if not graph_path(self.model.device):

@@ -92,6 +92,17 @@ def step_depformer(lm_gen: Any) -> Callable[[torch.Tensor, torch.Tensor], Any]:
     return lm_gen._streaming_state.graphed_depth
 
 
+def release_graphs(root: StreamingModule) -> None:
+    """Destroys now every graph captured in the streaming states under `root`. Left to a later garbage collection, a
+    graph destroyed while another engine captures its own invalidates that capture (the H200's
+    cudaErrorStreamCaptureInvalidated, benchmarks/README.md)."""
+    for module in root.modules():
+        state = getattr(module, "_streaming_state", None) if isinstance(module, StreamingModule) else None
+        for value in vars(state).values() if state is not None else ():
+            if isinstance(value, CUDAGraphed):
+                value.reset()
+
+
 def set_up_graphs(root: StreamingModule, graphed: bool) -> None:
     """Every `CUDAGraphed` in the streaming states under `root` as this run uses it: eager where not `graphed` (the
     fallback where the step graphs failed to capture: moshi then calls each function itself), swapped for a

@@ -29,6 +29,14 @@ def streaming_modules(root: torch.nn.Module) -> list[StreamingModule]:
     return _DESCENDANTS[root]
 
 
+def stop_streaming(root: torch.nn.Module) -> None:
+    """Every module under `root` out of streaming. moshi's `streaming()` that fails half-way (a ring that does not fit
+    the device) loses the exit stack that would undo what it started: the modules it reached stay streaming and hold
+    their rings, and the next `streaming()` refuses them ("already streaming")."""
+    for module in streaming_modules(root):
+        module._streaming_state = None
+
+
 @dataclass(frozen=True)
 class StreamingState:
     """One module's streaming state, its attributes sorted by kind (see the module docstring)."""

@@ -107,3 +107,21 @@ def test_a_second_call_runs_the_phases_asked_for_in_the_order_asked_after_the_en
     assert names == ["environment", "bench batch, CUDA graphs", "Kyutai's per-frame work (moshi LMGen, batch 1)",
                      "engine, batch and codec tests (float32, TF32 off)"]
     assert gpu_check.selected(every, []) == every
+
+
+def test_merging_calls_keeps_a_later_run_but_never_hides_an_earlier_pass_behind_a_later_failure() -> None:
+    import gpu_check
+
+    def report(*phases: tuple[str, str, str]) -> dict[str, object]:
+        return {"dry_run": False, "budget_s": 100, "elapsed_s": 50, "environment": {"device": "cuda"},
+                "phases": [{"name": n, "outcome": o, "seconds": 1.0, "returncode": None, "why": w, "data": {}}
+                           for n, o, w in phases]}
+
+    first = report(("environment", "passed", ""), ("bench span", "passed", ""), ("bench load (real server)",
+                                                                                 "failed", "429"))
+    second = report(("environment", "passed", ""), ("bench span", "failed", "AssertionError"),
+                    ("bench load (real server)", "passed", ""))
+    phases = {p["name"]: p for p in gpu_check.merged([first, second])["phases"]}
+    assert (phases["bench span"]["outcome"], phases["bench span"]["run"]) == ("passed", 1)
+    assert phases["bench span"]["why"] == "call 2 failed: AssertionError"
+    assert (phases["bench load (real server)"]["outcome"], phases["bench load (real server)"]["run"]) == ("passed", 2)
