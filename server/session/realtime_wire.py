@@ -7,8 +7,11 @@ goes out as one `response.output_audio.delta`, silence included, at the frame cl
 and a delta never comes outside one (LiveKit's plugin asserts that): the first opens with the session; when the
 agent is heard again (an audible frame or a text piece) after `TURN_END_FRAMES` of silence, the open response is done
 and the next one opens. One response is one agent turn and the silence after it. `response.create` makes nothing
-up: the next response carries its metadata. `response.cancel` ends the open response as cancelled, and nothing is
-sent until the agent's next turn. A client tool call is a `function_call` item of the open response.
+up: at the next frame the open response is done and one carrying the request's metadata opens, which the agent's
+next turn fills (LiveKit waits for that `response.created`). `response.cancel` ends the open response as cancelled,
+and nothing is sent until the agent's next turn. A client tool call is a `function_call` item that ends the open
+response (a client runs its tools once the response is done, then sends the output and `response.create`); the
+next response opens at once.
 """
 
 from __future__ import annotations
@@ -94,6 +97,8 @@ class RealtimeWire:
         self._response: _Response | None = None  # None before the session is ready and after a cancel
         self._quiet = 0  # silent agent frames in a row
         self._requested: dict[str, str] | None = None  # metadata of a response.create, for the next response
+        self._create_pending = False  # a response.create not yet answered: at the next frame
+        self._ready = False
         self._last_item: str | None = None
         self._user_item: str | None = None
         self._user_partial = ""  # what the transcription deltas of the user item add up to
@@ -112,6 +117,9 @@ class RealtimeWire:
         return None
 
     def audio(self, pcm: np.ndarray) -> bool:
+        if self._create_pending:
+            self._close_response("completed")
+            self._open_response()
         if is_silent(pcm):
             self._quiet += 1
         else:
@@ -143,7 +151,7 @@ class RealtimeWire:
 
     def _open_response(self) -> _Response:
         response = self._response = _Response(rt.new_id("resp"), rt.new_id("item"), self._requested)
-        self._requested = None
+        self._requested, self._create_pending = None, False
         self._send(rt.ResponseCreated(response=rt.Response(id=response.id, status="in_progress",
                                                            metadata=response.metadata)))
         item = rt.MessageItem(id=response.item_id, role="assistant", status="in_progress", content=[])
@@ -182,8 +190,9 @@ class RealtimeWire:
         self._send(rt.ConversationItemDone(item=item))
 
     def _tool_call(self, call: p.ToolCall) -> None:
-        """A client tool call: a `function_call` item of the open response, or after a cancel (the rest of that
-        turn stays unsent) of a response of its own."""
+        """A client tool call: a `function_call` item that ends the open response, the next opening at once (every
+        frame's delta belongs to a response); after a cancel (the rest of that turn stays unsent) a response of its
+        own."""
         response = self._response
         if response is None:
             response_id, output_index = rt.new_id("resp"), 0
@@ -207,6 +216,8 @@ class RealtimeWire:
             self._send(rt.ResponseDone(response=rt.Response(id=response_id, status="completed", output=[item])))
         else:
             response.calls.append(item)
+            self._close_response("completed")
+            self._open_response()
 
     def _user_utterance(self) -> str:
         """The user item that the utterance being transcribed becomes, added when it starts."""
@@ -244,6 +255,7 @@ class RealtimeWire:
             self._config.instructions, self._config.voice = event.persona, event.voice
             self._send(rt.SessionCreated(session=self._session_object()))
             self._send(rt.RateLimitsUpdated())
+            self._ready = True
             self._open_response()
         elif isinstance(event, p.SessionUpdated):
             extension = rt.SessionExtension(unsupported=self._unsupported, prefix_frames=event.prefix_frames,
@@ -327,6 +339,8 @@ class RealtimeWire:
             return []
         if isinstance(event, rt.ResponseCreateEvent):
             self._requested = event.response.metadata if event.response is not None else None
+            # Before the session is ready the first response, opened then, carries it.
+            self._create_pending = self._ready
             return []
         return self._cancel(event)
 

@@ -148,14 +148,52 @@ def test_cancel_ends_the_response_and_nothing_is_sent_until_the_agent_speaks_aft
     assert types(sent(queue)) == [*OPENED, "response.output_audio.delta"]
 
 
-def test_response_create_makes_nothing_up_and_its_metadata_rides_on_the_next_response() -> None:
+CREATE = {"type": "response.create", "response": {"metadata": {"client_event_id": "x"}}}
+
+
+def test_response_create_is_answered_at_the_next_frame_by_a_response_with_its_metadata_that_the_next_turn_fills(
+) -> None:
     w, queue = ready()
-    w.inbound(message({"type": "response.create", "response": {"metadata": {"client_event_id": "x"}}}))
-    assert sent(queue) == []
+    w.audio(LOUD)
+    sent(queue)
+    w.inbound(message(CREATE))
+    assert sent(queue) == []  # the frame clock answers
+    w.audio(QUIET)
+    events = sent(queue)
+    assert types(events) == [*CLOSED, *OPENED, "response.output_audio.delta"]
+    created = events[6]["response"]
+    assert created["metadata"] == {"client_event_id": "x"} and events[-1]["response_id"] == created["id"]
+    for _ in range(TURN_END_FRAMES):
+        w.audio(QUIET)
+    w.audio(LOUD)  # the agent's next turn: in the response created for it, not a new one
+    w.agent_text(" Hi")
+    assert types(sent(queue)) == ["response.output_audio.delta"] * (TURN_END_FRAMES + 1) + [
+        "response.output_audio_transcript.delta"]
     turn(w)
     w.audio(LOUD)
+    (done,) = [e["response"] for e in sent(queue) if e["type"] == "response.done"]
+    assert done["id"] == created["id"] and done["metadata"] == {"client_event_id": "x"}
+
+
+def test_a_response_create_before_the_session_is_ready_is_carried_by_its_first_response() -> None:
+    w, queue = wire()
+    w.inbound(message(CREATE))
+    w.event(READY)
     (created,) = [e for e in sent(queue) if e["type"] == "response.created"]
     assert created["response"]["metadata"] == {"client_event_id": "x"}
+    w.audio(QUIET)
+    assert types(sent(queue)) == ["response.output_audio.delta"]
+
+
+def test_after_a_cancel_a_response_create_opens_a_response_at_the_next_frame() -> None:
+    w, queue = ready()
+    w.inbound(message({"type": "response.cancel"}))
+    w.inbound(message(CREATE))
+    sent(queue)
+    w.audio(QUIET)
+    events = sent(queue)
+    assert types(events) == [*OPENED, "response.output_audio.delta"]
+    assert events[0]["response"]["metadata"] == {"client_event_id": "x"}
 
 
 def test_session_update_maps_instructions_voice_tools_and_temperature_and_reports_the_rest() -> None:
@@ -290,21 +328,24 @@ def test_a_text_item_becomes_a_span_request_and_a_function_output_a_tool_result(
     assert types(sent(queue)) == ["conversation.item.added", "conversation.item.done"] * 2
 
 
-def test_a_tool_call_is_a_function_call_item_of_the_open_response() -> None:
+def test_a_tool_call_is_a_function_call_item_that_ends_the_open_response_and_the_next_opens_at_once() -> None:
+    """LiveKit runs a response's tools once it is done, then sends their output and `response.create`."""
     w, queue = ready()
+    w.audio(LOUD)
+    first = sent(queue)[0]["response_id"]
     w.event(p.ToolCall(t=1.0, call_id="call_1", name="get_weather", arguments='{"place": "Paris"}'))
     events = sent(queue)
     assert types(events) == ["response.output_item.added", "conversation.item.added",
                              "response.function_call_arguments.delta", "response.function_call_arguments.done",
-                             "response.output_item.done", "conversation.item.done"]
+                             "response.output_item.done", "conversation.item.done", *CLOSED, *OPENED]
     done = events[3]
     assert (done["call_id"], done["name"], json.loads(done["arguments"])) == ("call_1", "get_weather",
                                                                             {"place": "Paris"})
-    assert {e.get("output_index", 1) for e in events} == {1}  # after the agent's message, output 0
-    turn(w)
+    assert {e.get("output_index", 1) for e in events[:6]} == {1}  # after the agent's message, output 0
+    response = events[11]["response"]
+    assert response["id"] == first and [item["type"] for item in response["output"]] == ["message", "function_call"]
     w.audio(LOUD)
-    (response,) = [e["response"] for e in sent(queue) if e["type"] == "response.done"]
-    assert [item["type"] for item in response["output"]] == ["message", "function_call"]
+    assert sent(queue)[0]["response_id"] == events[12]["response"]["id"] != first
 
 
 def test_after_a_cancel_a_tool_call_is_a_response_of_its_own() -> None:

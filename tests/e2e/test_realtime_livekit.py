@@ -1,0 +1,61 @@
+"""LiveKit Agents' OpenAI realtime plugin (`livekit-plugins-openai`, unmodified) against a real server on loopback:
+its `RealtimeSession` driven as `AgentSession` drives it, without a LiveKit server (none runs here)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from frontend_model.frame import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
+
+from .servers import RunningServer, start_server, stop_server
+
+pytest.importorskip("livekit.plugins.openai", reason="livekit-plugins-openai is a test extra")
+
+from livekit import rtc
+from livekit.plugins import openai as livekit_openai
+
+pytestmark = pytest.mark.slow
+KEY = "livekit-key"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = start_server(tmp_path_factory.mktemp("server"), "--max-sessions", "1", "--api-keys", KEY, "--no-asr")
+    yield running
+    stop_server(running)
+
+
+def test_generate_reply_gets_its_response_created_in_time_greeting_and_later_reply_alike(
+        server: RunningServer, tmp_path: Path) -> None:
+    """`generate_reply` (a greeting, a reply after a tool, client-side turn detection) fails after 10 s unless a
+    `response.created` carries its `client_event_id`."""
+
+    async def microphone(session: livekit_openai.realtime.RealtimeSession) -> None:
+        """A room's track as AgentSession forwards it: a frame of (here silent) audio every 80 ms."""
+        silent = bytes(2 * FRAME_SAMPLES)
+        while True:
+            session.push_audio(rtc.AudioFrame(silent, SAMPLE_RATE, 1, FRAME_SAMPLES))
+            await asyncio.sleep(FRAME_S)
+
+    async def converse() -> list[tuple[bool, str]]:
+        model = livekit_openai.realtime.RealtimeModel(base_url=f"{server.http}/v1", api_key=KEY, model="contextspan")
+        session = model.session()
+        mic = asyncio.create_task(microphone(session))
+        try:
+            replies = []
+            for _ in range(2):
+                created = await asyncio.wait_for(session.generate_reply(), 15)
+                replies.append((created.user_initiated, created.response_id))
+                await asyncio.sleep(1.0)
+            return replies
+        finally:
+            mic.cancel()
+            await session.aclose()
+            await model.aclose()
+
+    (first, first_id), (second, second_id) = asyncio.run(converse())
+    assert first and second and first_id != second_id
