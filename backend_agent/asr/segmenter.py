@@ -1,7 +1,8 @@
 """Voice-activity segmentation of a 16 kHz stream into utterances, with partial-transcript cues.
 
 Pure logic over webrtcvad decisions: it says when an utterance starts, when a partial transcript is due and
-when the utterance has ended, and holds the audio; the transcriber does the rest.
+when the utterance has ended (by silence, or when the client says the user is done), and holds the audio; the
+transcriber does the rest.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ VAD_FRAME = 480  # 30 ms
 
 
 class Cue(Enum):
+    START = "start"  # the user started speaking: clients hear of it before any transcript
     PARTIAL = "partial"
     FINAL = "final"
 
@@ -92,6 +94,7 @@ class UtteranceSegmenter:
                 self._start_frame = self._frames_seen - len(self._speech)
                 self._silence_frames = 0
                 self._last_partial_frame = self._frames_seen
+                return self._event(Cue.START)
             return None
         self._speech.append(frame)
         self._silence_frames = 0 if voiced else self._silence_frames + 1
@@ -103,6 +106,11 @@ class UtteranceSegmenter:
             self._last_partial_frame = self._frames_seen
             return self._event(Cue.PARTIAL)
         return None
+
+    def finish(self) -> list[SegmentEvent]:
+        """The utterance going on ends now, as silence would have ended it: a push-to-talk client said the user is
+        done and sends no silence. Nothing when no utterance is going on."""
+        return [self._finish()] if self._speech is not None else []
 
     def _event(self, cue: Cue) -> SegmentEvent:
         assert self._speech is not None

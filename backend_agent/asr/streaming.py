@@ -27,8 +27,19 @@ class Transcript:
     at: float  # time.monotonic() when it became known
 
 
+@dataclass(frozen=True)
+class SpeechEdge:
+    """The user started or stopped speaking, as the segmenter's VAD hears it: voice clients (server VAD) react to
+    speech before any transcript of it exists."""
+
+    started: bool
+    at_s: float  # seconds of session audio: the start (pre-roll included), or the end (the silence that ended it)
+
+
 class StreamingASR:
-    """Feed 24 kHz frames with `feed` (never blocks); partial and final transcripts reach `on_transcript`.
+    """Feed 24 kHz frames with `feed` (never blocks); partial and final transcripts reach `on_transcript`, and the
+    start and end of each utterance `on_speech` (the end at once, before its final transcript is computed). `commit`
+    ends the utterance going on at that point of the stream, as silence would.
 
     `transcribe` runs on `executor`: a thread pool in tests, the Whisper process (worker_process) in the server.
 
@@ -47,13 +58,15 @@ class StreamingASR:
         on_error: Callable[[Exception], None] | None = None,
         segmenter: SegmenterConfig | None = None,
         queue_frames: int = 250,
+        on_speech: Callable[[SpeechEdge], None] | None = None,
     ) -> None:
         self._transcribe = transcribe
         self._executor = executor
         self._on_transcript = on_transcript
         self._on_error = on_error
+        self._on_speech = on_speech
         self._segmenter = UtteranceSegmenter(segmenter or SegmenterConfig())
-        self._queue: asyncio.Queue[np.ndarray] = asyncio.Queue(maxsize=queue_frames)
+        self._queue: asyncio.Queue[np.ndarray | None] = asyncio.Queue(maxsize=queue_frames)  # None: a commit
         self._task: asyncio.Task[None] | None = None
         self._calls: set[asyncio.Future[str]] = set()  # this stream's transcriptions queued or running
         self._final_running = False
@@ -83,11 +96,18 @@ class StreamingASR:
             self._queue.task_done()
 
     def feed(self, pcm24k: np.ndarray) -> None:
+        self._put(pcm24k)
+
+    def commit(self) -> None:
+        """The user is done (push to talk): the utterance going on after the audio fed so far ends there."""
+        self._put(None)
+
+    def _put(self, item: np.ndarray | None) -> None:
         if self._queue.full():
             self._queue.get_nowait()
             self._queue.task_done()
             self.dropped_frames += 1
-        self._queue.put_nowait(pcm24k)
+        self._queue.put_nowait(item)
 
     @property
     def awaiting_final(self) -> bool:
@@ -115,11 +135,16 @@ class StreamingASR:
         while True:
             pcm = await self._queue.get()
             try:
-                for event in self._segmenter.feed(resample_24k_to_16k(pcm)):
+                events = self._segmenter.finish() if pcm is None else self._segmenter.feed(resample_24k_to_16k(pcm))
+                for event in events:
+                    if event.cue is Cue.START:
+                        self._speech(SpeechEdge(True, event.start_s))
+                        continue
                     if event.cue is Cue.PARTIAL and self._calls:
                         continue
                     busy = self._submit(event.audio)
                     if event.cue is Cue.FINAL:
+                        self._speech(SpeechEdge(False, event.end_s))
                         self._final_running = True
                         try:
                             text = await busy
@@ -134,6 +159,10 @@ class StreamingASR:
                     self._on_error(exc)
             finally:
                 self._queue.task_done()
+
+    def _speech(self, edge: SpeechEdge) -> None:
+        if self._on_speech is not None:
+            self._on_speech(edge)
 
     def _deliver_partial(self, event: SegmentEvent, finals_before: int, future: asyncio.Future[str]) -> None:
         """Deliver unless the utterance's final has been emitted meanwhile (a late partial would confuse)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from backend_agent.agent import Agent
-from backend_agent.asr.streaming import StreamingASR
+from backend_agent.asr.streaming import SpeechEdge, StreamingASR
 from backend_agent.asr.transcriber import ASRLoadError
 from backend_agent.asr.worker_process import ASRProcess, start_asr_process, transcribe
 from backend_agent.context_store import ContextStore, Profile
@@ -130,9 +130,13 @@ class Backend:
             if retrieval is not None:
                 retrieval.on_transcript(transcript)
 
+        def on_speech(edge: SpeechEdge) -> None:
+            if retrieval is not None:
+                retrieval.on_speech(edge)
+
         asr = None
         if self.asr_process is not None:
-            asr = StreamingASR(transcribe, self.asr_process, on_transcript, on_error)
+            asr = StreamingASR(transcribe, self.asr_process, on_transcript, on_error, on_speech=on_speech)
             asr.start()
         s = self.settings
         config = RetrievalConfig(deadline_s=s.span_deadline_s, question_wait_s=s.question_wait_s,

@@ -2,7 +2,7 @@
 
 A full-duplex model listens and speaks at once and decides itself when to speak, so the request/response shape of
 the Realtime API maps onto it like this. The input buffer streams into the model as it arrives (80 ms frames; commit
-and clear are answered, and turn detection is the model's own). The model's output never stops either: every frame
+ends the utterance, clear is answered; turns are the model's own). The model's output never stops either: every frame
 goes out as one `response.output_audio.delta`, silence included, at the frame clock. So a response is always open,
 and a delta never comes outside one (LiveKit's plugin asserts that): the first opens with the session; when the
 agent is heard again (an audible frame or a text piece) after `TURN_END_FRAMES` of silence, the open response is done
@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 from starlette.types import Message
 
-from server.session.wire import AudioIn, ClearInput, Inbound
+from server.session.wire import AudioIn, ClearInput, CommitInput, Inbound
 from server.wire import protocol as p
 from server.wire import realtime as rt
 from server.wire.outbound import MessageKind, OutboundQueue, Outgoing
@@ -36,7 +36,8 @@ SILENCE_RMS = 10 ** (-50 / 20)
 TURN_END_FRAMES = 10
 # What a full-duplex model does not take from `session.update`, and why: reported in `session.updated`.
 NOT_HONOURED = {
-    "turn_detection": "the model hears and speaks at once and takes turns itself; there is no VAD to configure",
+    "turn_detection": "the model hears and speaks at once and takes turns itself; speech_started / speech_stopped "
+                      "come from the server's own VAD, which is not configurable",
     "max_output_tokens": "the model speaks until it stops; a turn has no token budget",
     "max_response_output_tokens": "the model speaks until it stops; a turn has no token budget",
     "tool_choice": "the backend's LLM chooses tools with the server's llm_tool_choice",
@@ -221,11 +222,24 @@ class RealtimeWire:
 
     def _user_utterance(self) -> str:
         """The user item that the utterance being transcribed becomes, added when it starts."""
-        if self._user_item is None:
-            self._user_item = rt.new_id("item")
-            self._add_item(rt.MessageItem(id=self._user_item, role="user", status="completed",
-                                          content=[rt.InputAudioPart()]))
-        return self._user_item
+        return self._user_item if self._user_item is not None else self._add_user_item(rt.new_id("item"))
+
+    def _add_user_item(self, item_id: str) -> str:
+        self._user_item, self._user_partial = item_id, ""
+        self._add_item(rt.MessageItem(id=item_id, role="user", status="completed", content=[rt.InputAudioPart()]))
+        return item_id
+
+    def _speech(self, event: p.UserSpeech) -> None:
+        """Server VAD, as OpenAI's: `speech_started` names the user item the utterance becomes (a new one, even when
+        the last utterance had no transcript), added after it; `speech_stopped` names it again, and its
+        transcription completes next."""
+        if event.state == "started":
+            item_id = rt.new_id("item")
+            self._send(rt.InputAudioBufferSpeechStarted(audio_start_ms=round(event.at * 1e3), item_id=item_id))
+            self._add_user_item(item_id)
+        else:
+            self._send(rt.InputAudioBufferSpeechStopped(audio_end_ms=round(event.at * 1e3),
+                                                        item_id=self._user_utterance()))
 
     def _transcript(self, event: p.UserTranscript) -> None:
         item_id = self._user_utterance()
@@ -264,6 +278,8 @@ class RealtimeWire:
             self._unsupported = {}
         elif isinstance(event, p.UserTranscript):
             self._transcript(event)
+        elif isinstance(event, p.UserSpeech):
+            self._speech(event)
         elif isinstance(event, p.ToolCall):
             self._tool_call(event)
         elif isinstance(event, p.ErrorEvent):
@@ -317,7 +333,7 @@ class RealtimeWire:
             return [self._session_update(event)]
         if isinstance(event, rt.CommitEvent):
             self._send(rt.InputAudioBufferCommitted(item_id=self._user_utterance()))
-            return []
+            return [CommitInput()]
         if isinstance(event, rt.ClearEvent):
             self._send(rt.InputAudioBufferCleared())
             return [ClearInput()]

@@ -18,7 +18,7 @@ from opentelemetry.trace import StatusCode
 
 from backend_agent.agent import Agent
 from backend_agent.answer import Outcome
-from backend_agent.asr.streaming import StreamingASR, Transcript
+from backend_agent.asr.streaming import SpeechEdge, StreamingASR, Transcript
 from backend_agent.context_store import ContextStore
 from backend_agent.question import is_question
 from backend_agent.request import Answered, Request, last_words
@@ -93,6 +93,15 @@ class Retrieval:
     def feed(self, pcm: np.ndarray) -> None:
         if self.asr is not None:
             self.asr.feed(pcm)
+
+    def commit(self) -> None:
+        """The client says the user is done (push to talk): the utterance going on ends without waiting for silence."""
+        if self.asr is not None:
+            self.asr.commit()
+
+    def on_speech(self, edge: SpeechEdge) -> None:
+        """ASR callback (event loop): the user started or stopped speaking."""
+        self.emit(p.UserSpeech(t=self.stream_time(), state="started" if edge.started else "stopped", at=edge.at_s))
 
     def on_transcript(self, transcript: Transcript) -> None:
         """ASR callback (event loop): report it, remember finals, and in asr mode treat questions as triggers."""

@@ -43,7 +43,7 @@ from server.session.persona import PersonaError, build_persona_block, persona_an
 from server.session.retrieval import Retrieval, SpanAnswer
 from server.session.spans import FrameOutput, SpanOutcome, span_event
 from server.session.trigger import Trigger
-from server.session.wire import AudioIn, ClearInput, Inbound, MoshiWire, SessionWire
+from server.session.wire import AudioIn, ClearInput, CommitInput, Inbound, MoshiWire, SessionWire
 from server.settings import ServerSettings
 from server.wire import protocol as p
 from server.wire.frame_clock import FrameAssembler, InputFrame, phase_pad
@@ -365,6 +365,9 @@ class Session:
             self._on_audio(item.pcm)
         elif isinstance(item, ClearInput):
             self.assembler.clear()
+        elif isinstance(item, CommitInput):
+            if self.retrieval is not None:
+                self.retrieval.commit()
         elif isinstance(item, p.SpanInject):
             self._inject_app_span(item)
         elif isinstance(item, p.ToolResult):

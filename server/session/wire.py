@@ -31,7 +31,13 @@ class ClearInput:
     """Drop the user audio not yet cut into a frame (what a frame already holds, the model has heard)."""
 
 
-Inbound = AudioIn | ClearInput | p.SessionUpdate | p.SpanInject | p.ToolResult
+@dataclass(frozen=True)
+class CommitInput:
+    """The user is done speaking (a push-to-talk client's commit): the utterance going on ends without waiting for
+    the silence that would end it."""
+
+
+Inbound = AudioIn | ClearInput | CommitInput | p.SessionUpdate | p.SpanInject | p.ToolResult
 
 
 class SessionWire(Protocol):

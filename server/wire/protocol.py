@@ -274,6 +274,16 @@ class UserTranscript(ServerEvent):
     end: float | None = None
 
 
+class UserSpeech(ServerEvent):
+    """The user started or stopped speaking, as the voice-activity detection that cuts speech into utterances hears
+    it: `started` before the utterance's transcripts, `stopped` before its final one."""
+
+    type: Literal["user.speech"] = "user.speech"
+    state: Literal["started", "stopped"]
+    at: float = Field(description="stream seconds where the speech starts (300 ms of lead-in included) or ends (the "
+                      "silence that ended it included; or where a Realtime client committed its input)")
+
+
 class Retrieval(ServerEvent):
     """The model emitted `<ret>`: it wants facts it does not hold."""
 
@@ -352,8 +362,8 @@ class Stats(ServerEvent):
 
 
 Event = Annotated[
-    SessionReady | SessionPreparing | SessionUpdated | AgentText | UserTranscript | Retrieval | Question
-    | SpanInjected | SpanDropped | ToolCall | ErrorEvent | SessionEnding | Stats,
+    SessionReady | SessionPreparing | SessionUpdated | AgentText | UserTranscript | UserSpeech | Retrieval
+    | Question | SpanInjected | SpanDropped | ToolCall | ErrorEvent | SessionEnding | Stats,
     Field(discriminator="type"),
 ]
 _event_adapter: TypeAdapter[Event] = TypeAdapter(Event)

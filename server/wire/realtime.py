@@ -460,6 +460,20 @@ class InputAudioBufferCommitted(ServerEvent):
     item_id: str
 
 
+class InputAudioBufferSpeechStarted(ServerEvent):
+    """Server VAD: the user started speaking; `item_id` is the user item the utterance becomes."""
+
+    type: Literal["input_audio_buffer.speech_started"] = "input_audio_buffer.speech_started"
+    audio_start_ms: int = Field(description="stream milliseconds where the speech starts, 300 ms of lead-in included")
+    item_id: str
+
+
+class InputAudioBufferSpeechStopped(ServerEvent):
+    type: Literal["input_audio_buffer.speech_stopped"] = "input_audio_buffer.speech_stopped"
+    audio_end_ms: int = Field(description="stream milliseconds where it ends, the silence that ended it included")
+    item_id: str
+
+
 class InputAudioBufferCleared(ServerEvent):
     type: Literal["input_audio_buffer.cleared"] = "input_audio_buffer.cleared"
 

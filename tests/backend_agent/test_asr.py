@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backend_agent.asr.streaming import StreamingASR, Transcript
+from backend_agent.asr.streaming import SpeechEdge, StreamingASR, Transcript
 from backend_agent.asr.transcriber import ASRLoadError, WhisperTranscriber
+from frontend_model.frame import SAMPLE_RATE
 from frontend_model.span.normaliser import normalise_text
 from tests.support.speech import silence, speak
 
@@ -124,3 +125,30 @@ def test_a_closed_stream_withdraws_its_calls_from_a_whisper_that_is_behind(tmp_p
                 stuck.set()
     finally:
         gc.enable()
+
+
+def test_speech_starts_then_a_commit_ends_it_at_once_and_its_final_transcript_follows(tmp_path: Path) -> None:
+    """Push to talk: the client commits instead of sending the silence that would end the utterance."""
+    pcm = np.concatenate([silence(0.5), speak("What time is it in Tokyo?", tmp_path / "q.wav")])
+    heard: list[object] = []
+
+    async def run() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            asr = StreamingASR(lambda audio: f"{len(audio) / 16000:.2f} s", pool, heard.append,
+                               queue_frames=len(pcm) // 1920 + 2, on_speech=heard.append)
+            asr.start()
+            for start in range(0, len(pcm) - 1919, 1920):
+                asr.feed(pcm[start : start + 1920])
+            await asr.drain()
+            assert asr.awaiting_final and [type(h) for h in heard if not isinstance(h, Transcript)] == [SpeechEdge]
+            asr.commit()
+            await asr.drain()
+            await asr.close()
+
+    asyncio.run(run())
+    edges = [h for h in heard if isinstance(h, SpeechEdge)]
+    (final,) = [h for h in heard if isinstance(h, Transcript) and h.final]
+    assert [e.started for e in edges] == [True, False]
+    assert heard.index(edges[0]) == 0 and heard.index(edges[1]) < heard.index(final) == len(heard) - 1
+    assert edges[0].at_s == final.start_s < 0.5 and edges[1].at_s == final.end_s <= len(pcm) / SAMPLE_RATE
+    assert final.text == f"{final.end_s - final.start_s:.2f} s"  # all that was heard of it, transcribed

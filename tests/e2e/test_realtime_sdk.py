@@ -177,7 +177,8 @@ def conversation(server: RunningServer, question: np.ndarray) -> Seen:
     item = {"type": "conversation.item.create",
             "item": {"id": "item_booked", "type": "message", "role": "user",
                      "content": [{"type": "input_text", "text": "Your table is booked for 8 pm."}]}}
-    others = [(0.5, {"type": "input_audio_buffer.commit"}), (0.6, {"type": "input_audio_buffer.clear"}),
+    # The commit comes before the question: one during it would end the utterance there (push to talk).
+    others = [(0.1, {"type": "input_audio_buffer.commit"}), (0.6, {"type": "input_audio_buffer.clear"}),
               (1.2, {"type": "conversation.item.truncate", "item_id": "item_0", "content_index": 0,
                      "audio_end_ms": 0}),
               (1.3, {"type": "conversation.item.delete", "item_id": "item_0"}),
@@ -226,6 +227,62 @@ def test_the_sdk_converses_with_audio_transcripts_a_text_item_and_a_client_tool(
     assert tool_span.latency_ms <= DEADLINE_S * 1e3
     offered = [t["function"]["name"] for t in llm[1].requests[-1]["tools"]]
     assert "get_weather" in offered and "arithmetic" in offered  # beside the server's own tools
+
+
+def about_the_user_item(seen: Seen, item_id: str) -> list[str]:
+    """The types of the events that name the user item, in the order they came."""
+    return [e.type for e in seen.events if getattr(e, "item_id", None) == item_id
+            or getattr(getattr(e, "item", None), "id", None) == item_id]
+
+
+def test_the_server_vad_says_the_user_started_then_stopped_speaking_and_the_transcript_completes_after(
+        conversation: Seen) -> None:
+    (started,) = conversation.of("input_audio_buffer.speech_started")
+    (stopped,) = conversation.of("input_audio_buffer.speech_stopped")
+    (completed,) = conversation.of("conversation.item.input_audio_transcription.completed")
+    assert started.item_id == stopped.item_id == completed.item_id and "paris" in completed.transcript.lower()
+    events = [e for e in about_the_user_item(conversation, started.item_id) if not e.endswith(".delta")]
+    assert events == ["input_audio_buffer.speech_started", "conversation.item.added",
+                      "input_audio_buffer.speech_stopped", "conversation.item.input_audio_transcription.completed"]
+    # The question starts 0.3 s in (300 ms of lead-in before it); 0.6 s of silence after it ends it.
+    assert 0 <= started.audio_start_ms <= 300 and stopped.audio_end_ms >= 300 + 600 + started.audio_start_ms
+
+
+async def push_to_talk(server: RunningServer, pcm: np.ndarray) -> Seen:
+    """Streams `pcm` in 80 ms appends in real time, then commits and sends nothing more, until the utterance's
+    transcript completes (or `DEADLINE_S`)."""
+    client = AsyncOpenAI(base_url=f"{server.http}/v1", api_key=KEY)
+    seen = Seen()
+    async with client.realtime.connect(model="contextspan-tiny") as connection:
+        listener = asyncio.create_task(listen(connection, seen))
+        start = time.perf_counter()
+        for frame in range(len(pcm) // FRAME_SAMPLES):
+            chunk = pcm[frame * FRAME_SAMPLES:(frame + 1) * FRAME_SAMPLES]
+            await connection.input_audio_buffer.append(audio=pcm16(chunk))
+            await asyncio.sleep(max(0.0, start + (frame + 1) * FRAME_S - time.perf_counter()))
+        await connection.input_audio_buffer.commit()
+        deadline = time.monotonic() + DEADLINE_S
+        while not seen.of("conversation.item.input_audio_transcription.completed") and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        listener.cancel()
+    seen.sent_samples = len(pcm) // FRAME_SAMPLES * FRAME_SAMPLES
+    return seen
+
+
+def test_push_to_talk_a_commit_ends_the_utterance_before_any_silence_and_its_transcript_completes(
+        server: RunningServer, question: np.ndarray) -> None:
+    seen = asyncio.run(push_to_talk(server, question))  # the question ends 0.4 s after its last word, under 0.6
+    (started,) = seen.of("input_audio_buffer.speech_started")
+    (committed,) = seen.of("input_audio_buffer.committed")
+    (stopped,) = seen.of("input_audio_buffer.speech_stopped")
+    completed = seen.of("conversation.item.input_audio_transcription.completed")
+    assert completed, "no transcript: the utterance waits for a silence that never comes"
+    assert started.item_id == committed.item_id == stopped.item_id == completed[0].item_id
+    assert [e for e in about_the_user_item(seen, started.item_id) if not e.endswith(".delta")] == [
+        "input_audio_buffer.speech_started", "conversation.item.added", "input_audio_buffer.committed",
+        "input_audio_buffer.speech_stopped", "conversation.item.input_audio_transcription.completed"]
+    assert stopped.audio_end_ms <= seen.sent_samples / SAMPLE_RATE * 1e3  # ended where the audio did: by the commit
+    assert "paris" in completed[0].transcript.lower()
 
 
 def test_agent_audio_comes_at_the_frame_clock_for_the_whole_input_silence_included(conversation: Seen) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from frontend_model.frame import FRAME_SAMPLES
 from server.session.realtime_wire import TURN_END_FRAMES, RealtimeWire
-from server.session.wire import AudioIn, ClearInput
+from server.session.wire import AudioIn, ClearInput, CommitInput
 from server.wire import protocol as p
 from server.wire import realtime as rt
 from server.wire.outbound import OutboundQueue
@@ -309,7 +309,7 @@ def test_audio_appends_become_pcm_and_commit_and_clear_are_answered() -> None:
     pcm = np.array([0.5, -0.5, 0.0], np.float32)
     (audio,) = w.inbound(message({"type": "input_audio_buffer.append", "audio": rt.encode_audio(pcm)}))
     assert isinstance(audio, AudioIn) and np.allclose(audio.pcm, pcm, atol=1e-4)
-    assert w.inbound(message({"type": "input_audio_buffer.commit"})) == []
+    assert w.inbound(message({"type": "input_audio_buffer.commit"})) == [CommitInput()]
     committed = sent(queue)
     assert types(committed) == ["conversation.item.added", "input_audio_buffer.committed"]
     assert committed[1]["item_id"] == committed[0]["item"]["id"]
@@ -383,9 +383,55 @@ def test_transcription_deltas_only_extend_and_completed_carries_the_final_text()
     assert events[-1]["transcript"] == "What's the time?"
 
 
+SPEECH_EVENTS = ["input_audio_buffer.speech_started", "conversation.item.added",
+                 "conversation.item.input_audio_transcription.delta", "input_audio_buffer.speech_stopped",
+                 "conversation.item.input_audio_transcription.completed"]
+
+
+def utterance(w: RealtimeWire, text: str = "What time is it?", start: float = 1.2, end: float = 2.5) -> None:
+    """The ASR hears one utterance: its start, a partial transcript, its end, then its final transcript."""
+    w.event(p.UserSpeech(t=start + 0.4, state="started", at=start))
+    w.event(p.UserTranscript(t=start + 1.0, text=text[:4], final=False))
+    w.event(p.UserSpeech(t=end, state="stopped", at=end))
+    w.event(p.UserTranscript(t=end + 0.3, text=text, final=True, start=start, end=end))
+
+
+@pytest.mark.parametrize("dialect", ["ga", "beta"])
+def test_speech_started_names_the_user_item_before_its_transcription_and_speech_stopped_comes_before_completed(
+        dialect: rt.Dialect) -> None:
+    w, queue = wire(dialect)
+    utterance(w)
+    events = sent(queue)
+    added = "conversation.item.added" if dialect == "ga" else "conversation.item.created"
+    assert types(events) == [added if name == "conversation.item.added" else name for name in SPEECH_EVENTS]
+    started, item, _, stopped, completed = events
+    assert {started["item_id"], stopped["item_id"], completed["item_id"]} == {item["item"]["id"]}
+    assert (started["audio_start_ms"], stopped["audio_end_ms"]) == (1200, 2500)
+    for event in events:
+        as_sdk_event(event, dialect)
+
+
+def test_each_utterance_is_a_new_user_item_even_after_one_whose_transcript_was_empty() -> None:
+    w, queue = wire()
+    w.event(p.UserSpeech(t=0.5, state="started", at=0.2))
+    w.event(p.UserSpeech(t=1.5, state="stopped", at=1.5))  # a cough: Whisper heard no words, no transcript comes
+    utterance(w, start=2.0, end=3.0)
+    first, _, stopped, second, *rest = sent(queue)
+    assert first["item_id"] == stopped["item_id"] != second["item_id"]
+    assert {e.get("item_id", e.get("item", {}).get("id")) for e in rest} == {second["item_id"]}
+
+
+def test_a_commit_during_speech_ends_the_utterance_and_is_answered_with_its_user_item() -> None:
+    w, queue = wire()
+    w.event(p.UserSpeech(t=0.5, state="started", at=0.2))
+    assert w.inbound(message({"type": "input_audio_buffer.commit"})) == [CommitInput()]
+    started, _, committed = sent(queue)
+    assert committed["type"] == "input_audio_buffer.committed" and committed["item_id"] == started["item_id"]
+
+
 def every_event_the_wire_sends(dialect: rt.Dialect) -> list[dict[str, Any]]:
     """The wire driven through every path that sends something: a session, its updates, turns, the input buffer,
-    items, a tool call, transcripts, a cancel, an error, a span event."""
+    items, a tool call, an utterance (its speech and transcripts), a cancel, an error, a span event."""
     w, queue = wire(dialect)
     w.event(READY)
     w.inbound(message({"type": "session.update", "session": {"instructions": "Be brief.", "tools": [
@@ -403,8 +449,7 @@ def every_event_the_wire_sends(dialect: rt.Dialect) -> list[dict[str, Any]]:
                   {"type": "conversation.item.delete", "item_id": "item_1"}):
         w.inbound(message(event))
     w.event(p.ToolCall(t=1.0, call_id="c", name="get_weather", arguments="{}"))
-    w.event(p.UserTranscript(t=1.0, text="What", final=False))
-    w.event(p.UserTranscript(t=1.5, text="What now?", final=True, start=0.5, end=1.5))
+    utterance(w, "What now?")
     w.event(p.ErrorEvent(t=1.6, code="asr_failed", message="RuntimeError: whisper died"))
     w.inbound(message({"type": "conversation.item.retrieve", "item_id": "item_booked"}))
     w.inbound(message({"type": "response.cancel"}))
