@@ -4,14 +4,15 @@ A full-duplex model listens and speaks at once and decides itself when to speak,
 the Realtime API maps onto it like this. The input buffer streams into the model as it arrives (80 ms frames; commit
 ends the utterance, clear is answered; turns are the model's own). The model's output never stops either: every frame
 goes out as one `response.output_audio.delta`, silence included, at the frame clock. So a response is always open,
-and a delta never comes outside one (LiveKit's plugin asserts that): the first opens with the session; when the
-agent is heard again (an audible frame or a text piece) after `TURN_END_FRAMES` of silence, the open response is done
-and the next one opens. One response is one agent turn and the silence after it. `response.create` makes nothing
-up: at the next frame the open response is done and one carrying the request's metadata opens, which the agent's
-next turn fills (LiveKit waits for that `response.created`). `response.cancel` ends the open response as cancelled,
-and nothing is sent until the agent's next turn. A client tool call is a `function_call` item that ends the open
-response (a client runs its tools once the response is done, then sends the output and `response.create`); the
-next response opens at once.
+and a delta never comes outside one (LiveKit's plugin asserts that): the first opens with the session; once the agent
+has spoken and then been silent for `TURN_END_FRAMES`, the open response is done (its turn has ended) and the next
+one opens at once. One response is the silence before an agent turn and that turn; a turn longer than
+`MAX_RESPONSE_FRAMES` goes on in the next response. `response.create` makes nothing up: at the next frame the open
+response is done and one carrying the request's metadata opens, which the agent's next turn fills (LiveKit waits for
+that `response.created`). `response.cancel` ends the open response as cancelled; the rest of that speech is not sent,
+and the next response opens at the agent's first silent frame. A client tool call is a `function_call` item that ends
+the open response (a client runs its tools once the response is done, then sends the output and
+`response.create`); the next response opens at once. `usage` counts 80 ms frames as tokens.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Literal
 import numpy as np
 from starlette.types import Message
 
+from frontend_model.frame import FRAME_SAMPLES
 from server.session.wire import AudioIn, ClearInput, CommitInput, Inbound
 from server.wire import protocol as p
 from server.wire import realtime as rt
@@ -34,6 +36,9 @@ logger = logging.getLogger(__name__)
 # agent's next sound starts its next turn.
 SILENCE_RMS = 10 ** (-50 / 20)
 TURN_END_FRAMES = 10
+# A response the agent speaks in for this long (30 s) without pausing is done, and its turn goes on in the next: a
+# client waits for `response.done` (Pipecat's end of an LLM response, LiveKit's generation).
+MAX_RESPONSE_FRAMES = 375
 # What a full-duplex model does not take from `session.update`, and why: reported in `session.updated`.
 NOT_HONOURED = {
     "turn_detection": "the model hears and speaks at once and takes turns itself; speech_started / speech_stopped "
@@ -64,6 +69,8 @@ class _Response:
     transcript: list[str] = field(default_factory=list)
     calls: list[rt.FunctionCallItem] = field(default_factory=list)  # client tool calls, outputs 1, 2, ...
     spoke: bool = False  # the agent has been heard in it
+    frames: int = 0  # agent frames sent in it
+    heard: int = 0  # user audio samples received while it was open
 
 
 @dataclass
@@ -107,7 +114,6 @@ class RealtimeWire:
         self._event_id: str | None = None  # the client event being handled, for errors the session finds in it
         self._items: dict[str, rt.ConversationItem] = {}  # for conversation.item.retrieve
         self._config = _Config()
-        self._unsupported: dict[str, str] = {}
 
     # out ----------------------------------------------------------------------------------------------------
     def _send(self, event: rt.ServerEvent, kind: MessageKind = "text") -> bool:
@@ -121,15 +127,23 @@ class RealtimeWire:
         if self._create_pending:
             self._close_response("completed")
             self._open_response()
-        if is_silent(pcm):
+        silent = is_silent(pcm)
+        if silent:
             self._quiet += 1
+            if self._response is None and self._ready:
+                self._open_response()  # the agent paused after a cancel
         else:
             self._heard()
         response = self._response
         if response is None:
             return True  # the rest of a cancelled turn
-        return self._send(rt.ResponseOutputAudioDelta(response_id=response.id, item_id=response.item_id,
+        sent = self._send(rt.ResponseOutputAudioDelta(response_id=response.id, item_id=response.item_id,
                                                       delta=rt.encode_audio(pcm)), "audio")
+        response.frames += 1
+        if response.spoke and (self._quiet == TURN_END_FRAMES or response.frames >= MAX_RESPONSE_FRAMES):
+            self._close_response("completed")
+            self._open_response()
+        return sent
 
     def agent_text(self, piece: str) -> None:
         self._heard()
@@ -141,14 +155,10 @@ class RealtimeWire:
                                                          delta=piece))
 
     def _heard(self) -> None:
-        """The agent makes itself heard: after `TURN_END_FRAMES` of silence, that is its next turn's start."""
-        response = self._response
-        if self._quiet >= TURN_END_FRAMES and (response is None or response.spoke):
-            self._close_response("completed")
-            response = self._open_response()
+        """The agent makes itself heard (an audible frame or a text piece)."""
         self._quiet = 0
-        if response is not None:
-            response.spoke = True
+        if self._response is not None:
+            self._response.spoke = True
 
     def _open_response(self) -> _Response:
         response = self._response = _Response(rt.new_id("resp"), rt.new_id("item"), self._requested)
@@ -178,8 +188,11 @@ class RealtimeWire:
                               content=[rt.AudioPart(type=self._audio_part, transcript=transcript)])
         self._send(rt.ResponseOutputItemDone(response_id=response.id, output_index=0, item=item))
         self._item_done(item)
+        usage = rt.Usage.of(agent_frames=response.frames, text_pieces=len(response.transcript),
+                            user_frames=round(response.heard / FRAME_SAMPLES))
         self._send(rt.ResponseDone(response=rt.Response(id=response.id, status=status, status_details=details,
-                                                        output=[item, *response.calls], metadata=response.metadata)))
+                                                        output=[item, *response.calls], usage=usage,
+                                                        metadata=response.metadata)))
 
     def _add_item(self, item: rt.ConversationItem) -> None:
         self._items[item.id] = item
@@ -272,10 +285,8 @@ class RealtimeWire:
             self._ready = True
             self._open_response()
         elif isinstance(event, p.SessionUpdated):
-            extension = rt.SessionExtension(unsupported=self._unsupported, prefix_frames=event.prefix_frames,
-                                            prefill_ms=event.prefill_ms)
-            self._send(rt.SessionUpdated(session=self._session_object(), contextspan=extension))
-            self._unsupported = {}
+            if event.prefix_frames is not None:  # session.updated went out with the update
+                self._send(rt.Extension.of(event))
         elif isinstance(event, p.UserTranscript):
             self._transcript(event)
         elif isinstance(event, p.UserSpeech):
@@ -328,9 +339,17 @@ class RealtimeWire:
 
     def _handle(self, event: rt.ClientEvent) -> list[Inbound]:
         if isinstance(event, rt.AppendEvent):
-            return [AudioIn(rt.decode_audio(event.audio))]
+            pcm = rt.decode_audio(event.audio)
+            if self._response is not None:
+                self._response.heard += pcm.size
+            return [AudioIn(pcm)]
         if isinstance(event, rt.SessionUpdateEvent):
-            return [self._session_update(event)]
+            # Answered at once, as OpenAI's server does (LiveKit and Pipecat wait for it), not after a prefill
+            update, unsupported = self._session_update(event)
+            prefilling = update.persona is not None or update.voice is not None
+            self._send(rt.SessionUpdated(session=self._session_object(), contextspan=rt.SessionExtension(
+                unsupported=unsupported, prefilling=prefilling)))
+            return [update]
         if isinstance(event, rt.CommitEvent):
             self._send(rt.InputAudioBufferCommitted(item_id=self._user_utterance()))
             return [CommitInput()]
@@ -391,7 +410,8 @@ class RealtimeWire:
         self._item_done(added)
         return [inbound]
 
-    def _session_update(self, event: rt.SessionUpdateEvent) -> p.SessionUpdate:
+    def _session_update(self, event: rt.SessionUpdateEvent) -> tuple[p.SessionUpdate, dict[str, str]]:
+        """What the session is to do, and the fields accepted but not applied, each with the reason."""
         session = event.session
         if session.instructions is not None and len(session.instructions) > self.max_persona_chars:
             raise rt.RealtimeError("bad_persona", f"instructions are over {self.max_persona_chars} characters",
@@ -420,7 +440,6 @@ class RealtimeWire:
             unsupported["voice"] = (f"{voice!r} is not one of this model's voices ({', '.join(self.voices) or 'none'})"
                                     "; the voice stays as it was")
             voice = None
-        self._unsupported = unsupported
         sampling = None
         if session.temperature is not None:
             sampling = p.SamplingUpdate(text_temperature=session.temperature, audio_temperature=session.temperature)
@@ -438,4 +457,5 @@ class RealtimeWire:
             self._config.instructions = persona
         if voice is not None:
             self._config.voice = voice
-        return p.SessionUpdate(type="session.update", persona=persona, voice=voice, tools=tools, sampling=sampling)
+        return p.SessionUpdate(type="session.update", persona=persona, voice=voice, tools=tools,
+                               sampling=sampling), unsupported

@@ -37,6 +37,7 @@ from server.wire.protocol import (
     SpanDropped,
     SpanInjected,
 )
+from server.wire.protocol import SessionUpdated as Prefilled
 
 Dialect = Literal["ga", "beta"]
 # Server events whose beta name differs; the others are spelled the same in both versions.
@@ -418,6 +419,33 @@ class CancelledDetails(BaseModel):
     reason: Literal["client_cancelled"] = "client_cancelled"
 
 
+class TokenDetails(BaseModel):
+    text_tokens: int = 0
+    audio_tokens: int = 0
+
+
+class InputTokenDetails(TokenDetails):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    """A response's usage, in 80 ms frames: a full-duplex model steps one frame at a time, hearing and speaking.
+    Output: the agent's frames (audio) and its text pieces (text); input: the user's frames heard meanwhile."""
+
+    total_tokens: int
+    input_tokens: int
+    output_tokens: int
+    input_token_details: InputTokenDetails
+    output_token_details: TokenDetails
+
+    @classmethod
+    def of(cls, agent_frames: int, text_pieces: int, user_frames: int) -> Usage:
+        output = agent_frames + text_pieces
+        return cls(total_tokens=output + user_frames, input_tokens=user_frames, output_tokens=output,
+                   input_token_details=InputTokenDetails(audio_tokens=user_frames),
+                   output_token_details=TokenDetails(text_tokens=text_pieces, audio_tokens=agent_frames))
+
+
 class Response(BaseModel):
     id: str
     object: Literal["realtime.response"] = "realtime.response"
@@ -425,7 +453,7 @@ class Response(BaseModel):
     status_details: CancelledDetails | None = None
     output: list[ConversationItem] = Field(default_factory=list)
     output_modalities: list[Literal["audio"]] = ["audio"]
-    usage: None = None  # a full-duplex model counts frames, not tokens
+    usage: Usage | None = None  # at response.done
     metadata: dict[str, str] | None = Field(None, description="the `response.create` metadata it answers")
 
 
@@ -438,9 +466,8 @@ class SessionExtension(BaseModel):
     """`session.updated` `contextspan`: what this server did with the update beyond OpenAI's fields."""
 
     unsupported: dict[str, str] = Field(description="fields accepted but not applied, each with the reason")
-    prefix_frames: int | None = Field(None, description="new instructions or voice were prefilled in this many "
-                                      "frames: the model's context restarted from them")
-    prefill_ms: float | None = None
+    prefilling: bool = Field(False, description="new instructions or voice are being prefilled (the model's context "
+                             "restarts from them); `contextspan.session.updated` says when they are in")
 
 
 class SessionUpdated(ServerEvent):
@@ -642,8 +669,8 @@ class ErrorEvent(ServerEvent):
 
 
 # The `/api/chat` events that Realtime clients get too, as extension events (OpenAI's clients pass on event types
-# they do not know).
-SpanEvent = Retrieval | Question | SpanInjected | SpanDropped | SessionEnding
+# they do not know); `session.updated` there once a new persona or voice is prefilled.
+SpanEvent = Retrieval | Question | SpanInjected | SpanDropped | SessionEnding | Prefilled
 EXTENSION_PREFIX = "contextspan."
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from frontend_model.frame import FRAME_SAMPLES
-from server.session.realtime_wire import TURN_END_FRAMES, RealtimeWire
+from server.session.realtime_wire import MAX_RESPONSE_FRAMES, TURN_END_FRAMES, RealtimeWire
 from server.session.wire import AudioIn, ClearInput, CommitInput
 from server.wire import protocol as p
 from server.wire import realtime as rt
@@ -90,20 +90,43 @@ def test_every_frame_is_an_audio_delta_of_the_open_response_silence_included() -
     assert len({e["response_id"] for e in deltas}) == 1
 
 
-def test_a_response_is_one_agent_turn_and_the_silence_after_it_until_the_agent_speaks_again() -> None:
+def test_a_response_is_done_when_the_agents_turn_ends_and_the_next_opens_at_once_for_the_silence() -> None:
     w, queue = ready()
-    turn(w, " Hello")
-    for _ in range(20):
-        w.audio(QUIET)  # the agent listens: still the same response
-    assert set(types(sent(queue))) == {"response.output_audio.delta", "response.output_audio_transcript.delta"}
-    w.audio(LOUD)  # heard again after a pause: its next turn
+    w.inbound(message({"type": "input_audio_buffer.append", "audio": base64.b64encode(
+        bytes(6 * FRAME_SAMPLES)).decode()}))  # 3 frames of the user's
+    w.audio(LOUD)
+    w.agent_text(" Hello")
+    w.audio(LOUD)
+    for _ in range(TURN_END_FRAMES - 1):
+        w.audio(QUIET)
+    assert "response.done" not in types(sent(queue))
+    w.audio(QUIET)  # the turn has ended
     events = sent(queue)
-    assert types(events) == [*CLOSED, *OPENED, "response.output_audio.delta"]
-    done = events[5]["response"]
+    assert types(events) == ["response.output_audio.delta", *CLOSED, *OPENED]
+    done = events[6]["response"]
     assert done["status"] == "completed" and done["output"][0]["content"] == [
         {"type": "output_audio", "transcript": " Hello"}]
-    assert events[6]["response"]["id"] != done["id"] == events[0]["response_id"]
-    assert events[-1]["response_id"] == events[6]["response"]["id"]
+    frames = 2 + TURN_END_FRAMES
+    assert done["usage"] == {"total_tokens": frames + 1 + 3, "input_tokens": 3, "output_tokens": frames + 1,
+                             "input_token_details": {"text_tokens": 0, "audio_tokens": 3, "cached_tokens": 0},
+                             "output_token_details": {"text_tokens": 1, "audio_tokens": frames}}
+    following = events[7]["response"]["id"]
+    for _ in range(20):
+        w.audio(QUIET)  # the agent listens, in the next response
+    w.audio(LOUD)  # and speaks in it
+    events = sent(queue)
+    assert types(events) == ["response.output_audio.delta"] * 21 and {e["response_id"] for e in events} == {
+        following}
+
+
+def test_a_turn_longer_than_a_response_may_be_goes_on_in_the_next_response() -> None:
+    w, queue = ready()
+    for _ in range(MAX_RESPONSE_FRAMES):
+        w.audio(LOUD)
+    events = sent(queue)
+    assert types(events[-len(CLOSED) - len(OPENED):]) == [*CLOSED, *OPENED]
+    w.audio(LOUD)
+    assert sent(queue)[0]["response_id"] == events[-len(OPENED)]["response"]["id"]
 
 
 def test_a_pause_shorter_than_a_turn_end_keeps_the_turn() -> None:
@@ -130,7 +153,7 @@ def test_beta_clients_get_the_beta_names_and_shapes() -> None:
     assert done["response"]["output"][0]["content"] == [{"type": "audio", "transcript": "Hi"}]
 
 
-def test_cancel_ends_the_response_and_nothing_is_sent_until_the_agent_speaks_after_a_pause() -> None:
+def test_cancel_ends_the_response_and_the_rest_of_that_speech_is_not_sent_until_the_agent_pauses() -> None:
     w, queue = ready()
     w.audio(LOUD)
     sent(queue)
@@ -141,10 +164,8 @@ def test_cancel_ends_the_response_and_nothing_is_sent_until_the_agent_speaks_aft
     assert done["output"][0]["status"] == "incomplete"
     w.audio(LOUD)
     w.agent_text("still talking")
-    for _ in range(TURN_END_FRAMES):
-        w.audio(QUIET)
     assert sent(queue) == []
-    w.audio(LOUD)  # its next turn
+    w.audio(QUIET)  # it paused: a response opens, and that frame goes in it
     assert types(sent(queue)) == [*OPENED, "response.output_audio.delta"]
 
 
@@ -208,8 +229,9 @@ def test_session_update_maps_instructions_voice_tools_and_temperature_and_report
     assert (update.persona, update.voice) == ("Be brief.", "alice")
     assert update.sampling == p.SamplingUpdate(text_temperature=0.6, audio_temperature=0.6)
     assert [t.name for t in update.tools or []] == ["get_weather"]
-    w.event(p.SessionUpdated(t=0.0))
-    (updated,) = sent(queue)
+    (updated,) = sent(queue)  # at once: LiveKit and Pipecat wait for it
+    w.event(p.SessionUpdated(t=0.0))  # the session applied it; nothing was prefilled
+    assert sent(queue) == []
     assert set(updated["contextspan"]["unsupported"]) == {"max_output_tokens", "audio.input.turn_detection",
                                                           "audio.output.speed", "tracing"}
     assert updated["session"]["instructions"] == "Be brief." and updated["session"]["tools"][0]["name"] == "get_weather"
@@ -224,6 +246,20 @@ def test_unchanged_instructions_and_voice_change_nothing_and_a_change_is_prefill
     assert changed.persona == "Be brief."
     (again,) = w.inbound(message({"type": "session.update", "session": {"instructions": "Be brief."}}))
     assert again.persona is None
+
+
+def test_session_updated_does_not_wait_for_a_prefill_which_is_reported_when_it_is_in() -> None:
+    w, queue = ready()
+    w.inbound(message({"type": "session.update", "session": {"tools": []}}))
+    assert sent(queue)[0]["contextspan"]["prefilling"] is False
+    w.inbound(message({"type": "session.update", "session": {"instructions": "Be brief."}}))
+    (updated,) = sent(queue)
+    assert updated["type"] == "session.updated" and updated["contextspan"]["prefilling"] is True
+    assert updated["session"]["instructions"] == "Be brief."
+    w.event(p.SessionUpdated(t=1.0, prefix_frames=40, prefill_ms=12.5))
+    (prefilled,) = sent(queue)
+    assert prefilled["type"] == "contextspan.session.updated"
+    assert (prefilled["prefix_frames"], prefilled["prefill_ms"]) == (40, 12.5)
 
 
 def test_an_unknown_voice_is_reported_and_the_voice_stays() -> None:
