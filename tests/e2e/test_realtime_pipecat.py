@@ -63,3 +63,53 @@ def test_pipecats_realtime_service_hears_the_user_and_plays_the_agent(server: Ru
     assert [f for f in down if isinstance(f, LLMFullResponseEndFrame)], "a turn that ended (response.done)"
     finals = [f.text for f in up if isinstance(f, TranscriptionFrame)]
     assert finals and "how are you" in " ".join(finals).lower()
+
+
+@pytest.fixture(scope="module")
+def failing_asr_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """Whisper fails on every utterance, and app text is refused (`--app-spans off`)."""
+    running = start_server(tmp_path_factory.mktemp("failing"), "--max-sessions", "1", "--api-keys", KEY,
+                           "--app-spans", "off", faults="agent_listens@6,asr_raise")
+    yield running
+    stop_server(running)
+
+
+def test_pipecats_session_survives_every_condition_that_is_not_its_fault(failing_asr_server: RunningServer,
+                                                                        tmp_path: Path) -> None:
+    """Pipecat ends its session on any `error` but two codes: a failed transcription, app text the server refuses,
+    two in one frame and an item looked up must leave its pipeline running, the agent still heard after them."""
+    from pipecat.services.openai.realtime import events
+
+    speech = np.concatenate([silence(0.3), speak("Hello there, how are you today?", tmp_path / "hi.wav"),
+                             silence(3.0)])
+    frames: list[object] = []
+    for i in range(len(speech) // FRAME_SAMPLES):
+        pcm = (speech[i * FRAME_SAMPLES:(i + 1) * FRAME_SAMPLES] * 32767).astype("<i2").tobytes()
+        frames += [InputAudioRawFrame(audio=pcm, sample_rate=SAMPLE_RATE, num_channels=1), SleepFrame(FRAME_S)]
+    tail = [InputAudioRawFrame(audio=bytes(2 * FRAME_SAMPLES), sample_rate=SAMPLE_RATE, num_channels=1),
+            SleepFrame(FRAME_S)] * 75  # 6 s more of the user's silence, after the conditions
+    llm = OpenAIRealtimeLLMService(api_key=KEY, base_url=f"{failing_asr_server.ws}/v1/realtime?model=contextspan")
+
+    async def conditions() -> None:
+        await asyncio.sleep(4.0)
+        note = events.ConversationItem(id="item_note", type="message", role="system",
+                                       content=[events.ItemContent(type="input_text", text="The table is booked.")])
+        for _ in range(2):  # refused (app spans off), then also over one a frame
+            await llm.send_client_event(events.ConversationItemCreateEvent(item=note))
+        await llm.send_client_event(events.ConversationItemRetrieveEvent(item_id="item_note"))
+
+    async def run() -> tuple[list[object], list[object]]:
+        task = asyncio.create_task(conditions())
+        down, up = await run_test(llm, frames_to_send=[*frames, *tail], pipeline_params=PipelineParams(
+            audio_in_sample_rate=SAMPLE_RATE, audio_out_sample_rate=SAMPLE_RATE), start_timeout=30.0)
+        await task
+        return down, up
+
+    down, up = asyncio.run(run())
+    errors = [f.error for f in [*down, *up] if isinstance(f, ErrorFrame)]
+    assert not errors, errors
+    played = [f for f in down if isinstance(f, TTSAudioRawFrame)]
+    assert sum(len(f.audio) // 2 for f in played) >= 0.5 * (len(speech) + 75 * FRAME_SAMPLES)
+    log = failing_asr_server.log.read_text()
+    assert "injected ASR fault" in log or "asr_failed" in log
+    assert "app_spans_off" in log
