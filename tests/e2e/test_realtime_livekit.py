@@ -7,9 +7,11 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
+from tests.support.speech import silence, speak
 
 from .servers import RunningServer, start_server, stop_server
 
@@ -59,3 +61,59 @@ def test_generate_reply_gets_its_response_created_in_time_greeting_and_later_rep
 
     (first, first_id), (second, second_id) = asyncio.run(converse())
     assert first and second and first_id != second_id
+
+
+@pytest.fixture(scope="module")
+def listening_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """Real Whisper; the agent silent while its user speaks, as a full-duplex model listens."""
+    running = start_server(tmp_path_factory.mktemp("listening"), "--max-sessions", "1", "--api-keys", KEY,
+                           faults="agent_listens@6")
+    yield running
+    stop_server(running)
+
+
+def test_livekit_hears_the_user_start_and_stop_gets_the_transcript_and_interrupts_without_an_error(
+        listening_server: RunningServer, tmp_path: Path) -> None:
+    speech = np.concatenate([silence(0.5), speak("Hello there, how are you today?", tmp_path / "hi.wav"),
+                             silence(2.0)])
+    seen: list[str] = []
+    finals: list[str] = []
+
+    async def converse() -> list[str]:
+        model = livekit_openai.realtime.RealtimeModel(base_url=f"{listening_server.http}/v1", api_key=KEY,
+                                                      model="contextspan")
+        session = model.session()
+        for name in ("input_speech_started", "input_speech_stopped", "generation_created", "error"):
+            session.on(name, lambda _event, name=name: seen.append(name))
+        session.on("openai_server_event_received", lambda event: seen.append("cancelled") if event["type"] ==
+                   "response.done" and event["response"]["status"] == "cancelled" else None)
+        session.on("input_audio_transcription_completed",
+                   lambda event: finals.append(event.transcript) if event.is_final else None)
+        try:
+            pcm = (speech * 32767).astype("<i2")
+            for i in range(len(pcm) // FRAME_SAMPLES):
+                chunk = pcm[i * FRAME_SAMPLES:(i + 1) * FRAME_SAMPLES].tobytes()
+                session.push_audio(rtc.AudioFrame(chunk, SAMPLE_RATE, 1, FRAME_SAMPLES))
+                await asyncio.sleep(FRAME_S)
+            silent = bytes(2 * FRAME_SAMPLES)
+            for _ in range(int(30 / FRAME_S)):  # until the final transcript, on a busy host's Whisper
+                if finals:
+                    break
+                session.push_audio(rtc.AudioFrame(silent, SAMPLE_RATE, 1, FRAME_SAMPLES))
+                await asyncio.sleep(FRAME_S)
+            session.interrupt()  # the user barges in: response.cancel
+            for _ in range(int(5 / FRAME_S)):
+                session.push_audio(rtc.AudioFrame(silent, SAMPLE_RATE, 1, FRAME_SAMPLES))
+                await asyncio.sleep(FRAME_S)
+                if "cancelled" in seen:
+                    break
+            return seen
+        finally:
+            await session.aclose()
+            await model.aclose()
+
+    events = asyncio.run(converse())
+    assert "error" not in events
+    assert events.index("input_speech_started") < events.index("input_speech_stopped")
+    assert finals and "how are you" in finals[-1].lower()
+    assert events[-1] == "cancelled", events
