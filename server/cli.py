@@ -53,7 +53,8 @@ BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
               "retrieval": "benchmarks.retrieval_latency", "batch": "benchmarks.batch_ticks", "soak": "benchmarks.soak",
               "faults": "benchmarks.fault_isolation", "qa": "benchmarks.qa", "levelling": "benchmarks.user_levelling",
               "behaviour": "benchmarks.behaviour", "copy": "benchmarks.copying",
-              "layout": "benchmarks.checkpoint_layout", "kyutai": "benchmarks.kyutai_baseline"}
+              "layout": "benchmarks.checkpoint_layout", "kyutai": "benchmarks.kyutai_baseline",
+              "frameworks": "benchmarks.realtime_frameworks"}
 
 
 def serve(settings: ServerSettings) -> int:
