@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +68,14 @@ def short(text: str, words: int = MAX_ANSWER_WORDS) -> str:
     return kept or " ".join(text.split()[:words])
 
 
+def own_deadline(tool: Tool, deadline: float, now: float) -> float | None:
+    """The tool's own deadline (monotonic) where it ends after the request's: the tool then runs until it, a
+    client's tool that answers late still counting (the request's deadline would cut it off)."""
+    if tool.deadline_s is None or now + tool.deadline_s <= deadline:
+        return None
+    return now + tool.deadline_s
+
+
 @dataclass(frozen=True)
 class AgentResult:
     """The answer, or why there is none; `outcome` and `tool` say how it ended (see `backend_agent.answer`)."""
@@ -102,8 +110,11 @@ class Agent:
         self._executor = executor
 
     async def answer(self, question: str, context: str = "", timeout_s: float = 2.0,
-                     request: Request | None = None) -> AgentResult:
-        """Answer `request` (by default the bare `question`) within `timeout_s`."""
+                     request: Request | None = None,
+                     on_tool_deadline: Callable[[float], None] | None = None) -> AgentResult:
+        """Answer `request` (by default the bare `question`) within `timeout_s`, or within a tool's own deadline
+        once one with a later deadline is called: `on_tool_deadline` hears how long that tool has (seconds from
+        now), for the caller's bound on the whole answer to reach past it."""
         request = request or Request.of(question)
         deadline = time.monotonic() + timeout_s
         timings: dict[str, float] = {}
@@ -115,7 +126,7 @@ class Agent:
                 reason = (f"tool {routed.tool} found nothing" if routed.outcome == "empty"
                           else "no built-in tool answers this") + " (no LLM configured)"
                 return AgentResult(None, reason, timings, routed.outcome, routed.tool)
-            return await self._ask_llm(request, context, deadline, timings, routed)
+            return await self._ask_llm(request, context, deadline, timings, routed, on_tool_deadline)
         except TimeoutError:
             return AgentResult(None, f"no answer within {timeout_s:.2f} s", timings)
 
@@ -127,7 +138,7 @@ class Agent:
         return routed
 
     async def _ask_llm(self, request: Request, context: str, deadline: float, timings: dict[str, float],
-                       routed: Routed) -> AgentResult:
+                       routed: Routed, on_tool_deadline: Callable[[float], None] | None) -> AgentResult:
         assert self.llm is not None
         system = SYSTEM_PROMPT
         if context:
@@ -156,7 +167,7 @@ class Agent:
             call = reply.tool_calls[0]
             if last is not None and call.name == last.tool and call.arguments == last.arguments:
                 break  # the LLM asks again for what it has: the chain is done
-            outcome = await self._run_tool(call, request, deadline, timings)
+            outcome = await self._run_tool(call, request, deadline, timings, on_tool_deadline)
             if isinstance(outcome, AgentResult):
                 return AgentResult.answered(last, timings) if last is not None else outcome
             last = outcome
@@ -178,21 +189,30 @@ class Agent:
             Answer(text=short(text), source=f"llm:{self.llm.config.model}", tool="llm", outcome="llm"), timings)
 
     async def _run_tool(self, call: ToolCallRequest, request: Request, deadline: float,
-                        timings: dict[str, float]) -> Answer | AgentResult:
+                        timings: dict[str, float],
+                        on_tool_deadline: Callable[[float], None] | None) -> Answer | AgentResult:
         """The tool's answer, its arguments filled from the profile; or why it has none."""
         tool = self.tools.get(call.name)
         if tool is None:
             return AgentResult(None, f"LLM asked for an unknown tool {call.name!r}", timings)
         arguments = with_profile(ToolCall(call.name, call.arguments), tool, request.location).arguments
-        started = time.perf_counter()
+        started, called = time.perf_counter(), time.monotonic()
+        own = own_deadline(tool, deadline, called)
+        if own is not None and on_tool_deadline is not None:
+            on_tool_deadline(own - called)
+        until = own if own is not None else deadline
         with tracer.start_as_current_span("tool", attributes={"tool": call.name}) as span:
             try:
                 if tool.run_async is not None:  # a client's tool: waiting for its answer holds no thread
-                    result = await asyncio.wait_for(tool.run_async(arguments), deadline - time.monotonic())
+                    result = await asyncio.wait_for(tool.run_async(arguments), until - time.monotonic())
                 else:
-                    result = await self._in_thread(tool.run, deadline, arguments)
+                    result = await self._in_thread(tool.run, until, arguments)
             except TimeoutError:
-                raise
+                if own is None:
+                    raise
+                span.set_status(StatusCode.ERROR, "late")
+                return AgentResult(None, f"late: tool {call.name} gave no answer within {own - called:.2f} s of its "
+                                   "call", timings, "failed", call.name)
             except ToolError as exc:
                 span.set_status(StatusCode.ERROR, str(exc))
                 return AgentResult(None, f"tool {call.name} could not answer: {exc}", timings, "empty", call.name)

@@ -90,6 +90,10 @@ class ServerSettings(BaseSettings):
         "with the other sessions' and share their ticks (for clients that send pages shorter than 80 ms)",
     )
     span_deadline_s: float = Field(2.5, gt=0, description="a span requested longer ago than this is dropped")
+    client_tool_deadline_s: float = Field(
+        10.0, gt=0, description="a client-run tool's answer is awaited this long from its call (the span deadline "
+        "instead, where that ends later), the model keeping the floor meanwhile; its span's deadline then counts "
+        "from the answer")
     max_persona_chars: int = Field(2000, ge=0, description="longer personas are refused with close code 1008")
     persona: str = Field("", description="default persona / system prompt prefilled before the handshake; empty: "
                          "the checkpoint's own (Context Spanning: the persona of its training, naming the user)")

@@ -27,13 +27,16 @@ class Tool:
     """A callable the backend may use, described in OpenAI function-calling terms.
 
     `run_async`, when set, is awaited on the event loop instead of running `run` in a thread: a tool that waits on
-    something else (the client that runs it) holds no thread while it waits."""
+    something else (the client that runs it) holds no thread while it waits. `deadline_s`, when set, bounds the tool
+    from its call instead of the request's deadline (if that is later): a client's tool (an HTTP call, a database)
+    takes longer than a span deadline."""
 
     name: str
     description: str
     parameters: dict[str, Any]
     run: Callable[[dict[str, Any]], ToolResult]
     run_async: Callable[[dict[str, Any]], Awaitable[ToolResult]] | None = None
+    deadline_s: float | None = None
 
     def openai_schema(self) -> dict[str, Any]:
         """The entry for the `tools` list of an OpenAI-compatible chat completion request."""

@@ -1,9 +1,11 @@
 """Tools that run on the client: declared in `session.update`, called over the wire, answered by the client.
 
 The backend's agent sees them as ordinary tools. Calling one sends the call to the client (a `tool.call` event,
-which the Realtime wire turns into a function-call item) and waits for the answer on the event loop; the agent's
-deadline, counted from the `<ret>`, bounds the wait. An answer after that, or to a call never made, is refused with
-an error: the frame clock never waited for it.
+which the Realtime wire turns into a function-call item) and waits for the answer on the event loop; the client-tool
+deadline, counted from the call (the span deadline from the `<ret>`, where that ends later), bounds the wait: real
+client tools (an HTTP call, a database) take longer than a span deadline, and LiveKit Agents runs them only once the
+response is done. An answer after that, or to a call never made, is refused with an error: the frame clock never
+waited for it.
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ def _runs_on_the_client(_: dict[str, Any]) -> ToolResult:
 class ClientTools:
     """One session's client-run tools and the calls in flight to its client."""
 
-    def __init__(self, emit: Callable[[p.ServerEvent], None], stream_time: Callable[[], float]) -> None:
+    def __init__(self, emit: Callable[[p.ServerEvent], None], stream_time: Callable[[], float],
+                 deadline_s: float | None = None) -> None:
+        """`deadline_s`: each call's own deadline, from the call (None: the request's deadline alone)."""
         self.emit = emit
         self.stream_time = stream_time
+        self.deadline_s = deadline_s
         self.declared: dict[str, p.ClientTool] = {}
         self._pending: dict[str, asyncio.Future[str]] = {}
         self._ended: deque[str] = deque(maxlen=_ENDED_KEPT)
@@ -42,7 +47,7 @@ class ClientTools:
 
     def catalogue(self) -> list[Tool]:
         return [Tool(spec.name, spec.description, spec.parameters, _runs_on_the_client,
-                     lambda args, name=spec.name: self.call(name, args))
+                     lambda args, name=spec.name: self.call(name, args), self.deadline_s)
                 for spec in self.declared.values()]
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
@@ -73,7 +78,7 @@ class ClientTools:
         future = self._pending.get(call_id)
         if future is None or future.done():
             if call_id in self._ended:
-                raise p.ProtocolError("tool_result_late", f"the answer to {call_id} came after its span deadline "
+                raise p.ProtocolError("tool_result_late", f"the answer to {call_id} came after its deadline "
                                       "(or after the retrieval ended): dropped")
             raise p.ProtocolError("unknown_call", f"no tool call {call_id[:100]!r} was made in this session")
         future.set_result(output)

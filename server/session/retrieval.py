@@ -47,6 +47,14 @@ class SpanAnswer:
     triggered: float  # time.perf_counter() of the `<ret>` (or the question, in asr mode; the request, for an app)
     timings_ms: dict[str, float] = field(default_factory=dict)
     outcome: Outcome = "tool"
+    # time.perf_counter() when the agent returned the answer, for a retrieval that waited on a tool's own deadline
+    # (a client's tool): the span deadline counts from it, not from `triggered`, which that wait may have passed.
+    waited_until: float | None = None
+
+    @property
+    def deadline_from(self) -> float:
+        """When the span deadline starts."""
+        return self.waited_until if self.waited_until is not None else self.triggered
 
 
 @dataclass
@@ -60,6 +68,21 @@ class RetrievalConfig:
     context_chars: int = 2000
     answered_kept: int = 5  # answered requests the agent sees (follow-ups, "that")
     contract: SpanContract = field(default_factory=SpanContract)  # the model's: tool prefix, abstain span
+
+
+class _Bound:
+    """A retrieval's time bound: the span deadline, reaching past a tool's own deadline once the agent calls one."""
+
+    def __init__(self, timeout: asyncio.Timeout) -> None:
+        self.timeout = timeout
+        self.reached = False
+
+    def reach(self, seconds: float) -> None:
+        """The agent called a tool with `seconds` of its own: the bound reaches past them (never nearer), by the
+        margin that lets the agent's reason win."""
+        when = asyncio.get_running_loop().time() + seconds + LATE_MARGIN_S
+        self.timeout.reschedule(max(when, self.timeout.when() or when))
+        self.reached = True
 
 
 class Retrieval:
@@ -160,16 +183,17 @@ class Retrieval:
     async def _retrieve_traced(self, triggered: float) -> None:
         """Bounded by the span deadline as a whole: a slow ASR or LLM ends in a prompt `span.dropped`, not in an
         answer that arrives (and is dropped) seconds later, or never. The agent times its own calls to the same
-        deadline and names what was slow; the margin lets its reason win."""
+        deadline and names what was slow; the margin lets its reason win. A client's tool has a deadline of its own,
+        counted from its call: the bound then reaches past it."""
         timings: dict[str, float] = {}
         deadline_s = self.config.deadline_s
         try:
-            async with asyncio.timeout(deadline_s + LATE_MARGIN_S - (time.perf_counter() - triggered)):
-                await self._answer(triggered, timings)
+            async with asyncio.timeout(deadline_s + LATE_MARGIN_S - (time.perf_counter() - triggered)) as timeout:
+                await self._answer(triggered, timings, _Bound(timeout))
         except TimeoutError:
             self._dropped(f"late: no answer within {deadline_s:g} s of the request", triggered, timings)
 
-    async def _answer(self, triggered: float, timings: dict[str, float]) -> None:
+    async def _answer(self, triggered: float, timings: dict[str, float], bound: _Bound) -> None:
         try:
             started = time.perf_counter()
             with tracer.start_as_current_span("question"):
@@ -188,14 +212,15 @@ class Retrieval:
             if remaining <= 0:
                 raise TimeoutError
             request = self._request(question)
-            result = await self.agent.answer(question, context, remaining, request)
+            result = await self.agent.answer(question, context, remaining, request, bound.reach)
+            waited_until = time.perf_counter() if bound.reached else None
             timings.update(result.timings_ms)
             contract = self.config.contract
             if result.answer is None:
                 if contract.abstain_text and result.outcome in ("empty", "none"):
                     # A model trained with an abstain span says it does not know, instead of making something up.
                     self.on_answer(SpanAnswer(contract.abstain_text, result.reason or "nothing found", "abstain",
-                                              question, triggered, timings, result.outcome))
+                                              question, triggered, timings, result.outcome, waited_until))
                     return
                 self._dropped(result.reason or "no answer", triggered, timings, question)
                 return
@@ -203,7 +228,7 @@ class Retrieval:
             self.store.record_tool_result(self.user_id, self.session_id, answer.tool, answer.arguments,
                                           ToolResult(answer.text, answer.source), request_text(request))
             self.on_answer(SpanAnswer(contract.span_text(answer.text, answer.outcome == "tool"), answer.source,
-                                      answer.tool, question, triggered, timings, answer.outcome))
+                                      answer.tool, question, triggered, timings, answer.outcome, waited_until))
         except (asyncio.CancelledError, TimeoutError):
             raise
         except Exception as exc:  # the backend failing must cost one span, never the session

@@ -149,7 +149,8 @@ class Session:
         self.recording = SessionRecording(settings.recordings_dir, self.id) if settings.recordings else None
         self.assembler = FrameAssembler()
         self.leveller = UserLeveller() if settings.level_user_audio else None
-        self.client_tools = ClientTools(self.emit, lambda: self.assembler.stream_time)
+        self.client_tools = ClientTools(self.emit, lambda: self.assembler.stream_time,
+                                        settings.client_tool_deadline_s)
         self._reprefill = False  # a new persona or voice waits for the next frame boundary
         self._frames: deque[InputFrame] = deque()
         self._frame_ready = asyncio.Event()

@@ -30,7 +30,7 @@ class SpanRequest:
 
     @property
     def requested(self) -> float:
-        """time.perf_counter() when retrieval started (the `<ret>`): the span deadline counts from it."""
+        """time.perf_counter() when retrieval started (the `<ret>`): latency counts from it."""
         return self.answer.triggered
 
 
@@ -75,7 +75,7 @@ def inject_span(request: SpanRequest, deadline_s: float, steps: int, offset: Cal
                 inject: Callable[[Block], None], deferred_ticks: int = 0) -> SpanOutcome:
     """Inject a span at this frame boundary, or say why not: too late, before the first frame, nothing to say."""
     now = time.perf_counter()
-    if now - request.requested > deadline_s:
+    if now - request.answer.deadline_from > deadline_s:
         return SpanOutcome(request, False, request.text, reason="late", done=now)
     if steps == 0:
         return SpanOutcome(request, False, request.text, reason="before the first frame", done=now)

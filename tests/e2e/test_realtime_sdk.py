@@ -40,6 +40,7 @@ DEADLINE_S = 30.0
 QUESTION = "What is the weather like in Paris today?"
 SPEECH_S = 3.3  # what espeak-ng takes to say QUESTION at 150 words a minute, and a little more
 LEAD_FRAMES = 12
+TOOL_TAKES_S = 4.0  # a client's tool: longer than the span deadline (2.5 s), within its own (10 s)
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "The weather now in a place.",
                 "parameters": {"type": "object", "properties": {"place": {"type": "string"}},
                                "required": ["place"]}}
@@ -59,6 +60,17 @@ def server(tmp_path_factory: pytest.TempPathFactory, llm: tuple[str, Script]) ->
     running = start_server(tmp_path_factory.mktemp("server"), "--max-sessions", "2", "--api-keys", KEY,
                            "--trigger", "asr", "--llm-base-url", llm[0], "--llm-model", "fake",
                            "--span-deadline-s", str(DEADLINE_S), faults="agent_listens@6")
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture(scope="module")
+def default_deadlines_server(tmp_path_factory: pytest.TempPathFactory,
+                             llm: tuple[str, Script]) -> Iterator[RunningServer]:
+    """The server as deployed: the span deadline 2.5 s from the question, a client's tool 10 s from its call."""
+    running = start_server(tmp_path_factory.mktemp("server"), "--max-sessions", "1", "--api-keys", KEY,
+                           "--trigger", "asr", "--llm-base-url", llm[0], "--llm-model", "fake",
+                           faults="agent_listens@6")
     yield running
     stop_server(running)
 
@@ -316,8 +328,35 @@ def answered_then_heard(seen: Seen) -> bool:
         types.index("function_call_output"):]
 
 
-def test_a_late_tool_answer_is_dropped_and_is_no_error(server: RunningServer, question: np.ndarray) -> None:
-    """The span deadline passing is no fault of the client's: an `error` would end a Pipecat session."""
+def test_a_client_tool_answered_after_the_span_deadline_but_within_its_own_is_injected(
+        default_deadlines_server: RunningServer, question: np.ndarray) -> None:
+    """LiveKit runs a tool once its response is done, and a real one (an HTTP call, a database) takes seconds."""
+    answered: list[str] = []
+    running: list[asyncio.Task[None]] = []
+
+    async def answer_later(connection: Any, call_id: str) -> None:
+        await asyncio.sleep(TOOL_TAKES_S)
+        answered.append(call_id)
+        await connection.conversation.item.create(item={"type": "function_call_output", "call_id": call_id,
+                                                        "output": "Sunny and twenty degrees in Paris."})
+
+    async def run_the_tool(connection: Any, event: Any) -> None:
+        if event.type == "response.function_call_arguments.done":
+            running.append(asyncio.create_task(answer_later(connection, event.call_id)))
+
+    seen = asyncio.run(converse(default_deadlines_server, question, run_the_tool,
+                                until=lambda s: bool(span_for(s, "get_weather")),
+                                session={"type": "realtime", "tools": [WEATHER_TOOL]}, max_s=DEADLINE_S + 30))
+    assert answered and not seen.of("error"), [e.error for e in seen.of("error")]
+    (tool_span,) = span_for(seen, "get_weather")
+    assert tool_span.type == "contextspan.span.injected", tool_span.reason
+    assert "Sunny and twenty degrees in Paris" in tool_span.text
+    assert tool_span.latency_ms >= TOOL_TAKES_S * 1e3, "past the span deadline (2.5 s) of the question"
+
+
+def test_a_late_tool_answer_is_dropped_and_is_no_error(default_deadlines_server: RunningServer,
+                                                       question: np.ndarray) -> None:
+    """The client tool's deadline passing is no fault of the client's: an `error` would end a Pipecat session."""
     calls: list[str] = []
 
     async def remember(connection: Any, event: Any) -> None:
@@ -327,10 +366,11 @@ def test_a_late_tool_answer_is_dropped_and_is_no_error(server: RunningServer, qu
             await connection.conversation.item.create(item={"type": "function_call_output", "call_id": calls[0],
                                                             "output": "Too late."})
 
-    seen = asyncio.run(converse(server, question, remember, until=answered_then_heard,
+    seen = asyncio.run(converse(default_deadlines_server, question, remember, until=answered_then_heard,
                                 session={"type": "realtime", "tools": [WEATHER_TOOL]}, max_s=DEADLINE_S + 30))
     assert calls
-    assert any("no answer within" in e.reason for e in seen.of("contextspan.span.dropped"))
+    assert any(e.reason == "late: tool get_weather gave no answer within 10.00 s of its call"
+               for e in seen.of("contextspan.span.dropped"))
     assert not seen.of("contextspan.span.injected")
     assert answered_then_heard(seen) and not seen.of("error")
 

@@ -57,6 +57,24 @@ def test_steps_inject_and_drop(model: LoadedModel) -> None:
         session.close()
 
 
+def test_a_span_that_waited_on_a_client_tool_is_late_only_a_span_deadline_after_the_tools_answer(
+        model: LoadedModel) -> None:
+    session = ModelSession(model, span_deadline_s=2.5)
+    session.open(None)
+    try:
+        session.step(frame(0), None)
+        session.step(frame(1), None)
+        now = time.perf_counter()
+        fresh = SpanAnswer("Sunny in Paris.", "client:get_weather", "get_weather", None, now - 8, waited_until=now - 1)
+        stale = SpanAnswer("Rain in Paris.", "client:get_weather", "get_weather", None, now - 8, waited_until=now - 3)
+        injected = session.step(frame(2), span_request(fresh, session.prepare_span))
+        assert [(s.injected, s.reason) for s in injected.spans] == [(True, None)]
+        late = session.step(frame(3), span_request(stale, session.prepare_span))
+        assert [(s.injected, s.reason) for s in late.spans] == [(False, "late")]
+    finally:
+        session.close()
+
+
 def test_persona_prefill_fills_the_delays(model: LoadedModel) -> None:
     session = ModelSession(model, span_deadline_s=2.5)
     prefix = build_persona_block(model, "You are a helpful assistant.", None, 640)
