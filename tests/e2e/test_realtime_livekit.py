@@ -18,7 +18,10 @@ from .servers import RunningServer, start_server, stop_server
 pytest.importorskip("livekit.plugins.openai", reason="livekit-plugins-openai is a test extra")
 
 from livekit import rtc
+from livekit.agents import llm as livekit_llm
 from livekit.plugins import openai as livekit_openai
+
+from benchmarks.fakes.fake_openai import fake_openai
 
 pytestmark = pytest.mark.slow
 KEY = "livekit-key"
@@ -117,3 +120,71 @@ def test_livekit_hears_the_user_start_and_stop_gets_the_transcript_and_interrupt
     assert events.index("input_speech_started") < events.index("input_speech_stopped")
     assert finals and "how are you" in finals[-1].lower()
     assert events[-1] == "cancelled", events
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """Deployed deadlines (2.5 s for a span, 10 s for a client's tool); a question in the user's final transcript
+    starts a retrieval, and the backend's LLM (a fake on loopback) always picks the client's weather tool."""
+    with fake_openai() as (url, script):
+        script.mode, script.tool, script.arguments = "tool_call", "get_weather", {"place": "Paris"}
+        running = start_server(tmp_path_factory.mktemp("tools"), "--max-sessions", "1", "--api-keys", KEY,
+                               "--trigger", "asr", "--llm-base-url", url, "--llm-model", "fake",
+                               faults="agent_listens@6")
+        yield running
+        stop_server(running)
+
+
+def test_a_livekit_function_tool_that_takes_4_s_is_answered_and_its_answer_said(tool_server: RunningServer,
+                                                                               tmp_path: Path) -> None:
+    """As AgentSession does it: the tool runs once its response is done, its output goes in with
+    `update_chat_ctx`, then `generate_reply`."""
+    speech = np.concatenate([silence(0.5), speak("What is the weather like in Paris today?", tmp_path / "q.wav"),
+                             silence(1.0)])
+    injected: list[str] = []
+    calls: list[str] = []
+
+    @livekit_llm.function_tool
+    async def get_weather(place: str) -> str:
+        """The weather now in a place."""
+        return "unused: the test answers as AgentSession would"
+
+    async def converse() -> None:
+        model = livekit_openai.realtime.RealtimeModel(base_url=f"{tool_server.http}/v1", api_key=KEY,
+                                                      model="contextspan")
+        session = model.session()
+        tasks: list[asyncio.Task[None]] = []
+
+        async def run_tools(generation: livekit_llm.GenerationCreatedEvent) -> None:
+            async for call in generation.function_stream:
+                calls.append(call.name)
+                await asyncio.sleep(4.0)  # a real tool: an HTTP call, a database
+                chat_ctx = session.chat_ctx.copy()
+                chat_ctx.items.append(livekit_llm.FunctionCallOutput(
+                    call_id=call.call_id, name=call.name, output="Sunny and 21 degrees.", is_error=False))
+                await session.update_chat_ctx(chat_ctx)
+                await session.generate_reply()
+
+        session.on("generation_created", lambda generation: tasks.append(asyncio.create_task(run_tools(generation))))
+        session.on("openai_server_event_received", lambda event: injected.append(event["text"])
+                   if event["type"] == "contextspan.span.injected" else None)
+        try:
+            await session.update_tools([get_weather])
+            pcm = (speech * 32767).astype("<i2")
+            silent = bytes(2 * FRAME_SAMPLES)
+            for i in range(int(60 / FRAME_S)):
+                chunk = pcm[i * FRAME_SAMPLES:(i + 1) * FRAME_SAMPLES].tobytes() if i * FRAME_SAMPLES < len(
+                    pcm) - FRAME_SAMPLES else silent
+                session.push_audio(rtc.AudioFrame(chunk, SAMPLE_RATE, 1, FRAME_SAMPLES))
+                await asyncio.sleep(FRAME_S)
+                if injected:
+                    break
+        finally:
+            for task in tasks:
+                task.cancel()
+            await session.aclose()
+            await model.aclose()
+
+    asyncio.run(converse())
+    assert calls == ["get_weather"]
+    assert injected and injected[0].startswith("Sunny and twenty-one degrees")  # numbers spelled out, as spoken
