@@ -1,14 +1,21 @@
 """`contextspan bench frameworks`: how long LiveKit Agents' and Pipecat's OpenAI realtime services, unmodified,
-wait for `response.created` after asking for a response (`response.create`), against a real server on loopback.
+wait for `response.created` after asking for a response (`response.create`), against a real server on loopback;
+and a client tool's round trip through LiveKit's.
 
 LiveKit's `generate_reply` fails after 10 s without it; the server answers at the next 80 ms frame. The user's
 microphone is noise above the `agent_listens` threshold (benchmarks/fakes/faulty_server.py), so the agent listens
-and never ends a turn of its own: every `response.created` after the first answers a request."""
+and never ends a turn of its own: every `response.created` after the first answers a request.
+
+The tool's round trip: a spoken question (espeak-ng, real Whisper) starts a retrieval whose LLM (a fake on
+loopback) calls the client's tool; LiveKit's session gets the call when its response is done and answers at once
+as AgentSession does (`update_chat_ctx`, then `generate_reply`). The server times the call to its answer (the
+span's `timings_ms.tool_ms`, read from the session's recorded transcript) and the question to the injected span."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import tempfile
 import time
@@ -107,6 +114,87 @@ async def pipecat(url: str, requests: int, gap_s: float) -> list[float]:
 
 
 FRAMEWORKS: dict[str, Callable[[str, int, float], Awaitable[list[float]]]] = {"livekit": livekit, "pipecat": pipecat}
+QUESTION = "What is the weather like in Paris today?"
+
+
+async def livekit_tool_rounds(url: str, rounds: int, question: np.ndarray) -> int:
+    """`rounds` questions, each answered through the client's tool; returns the tool calls answered."""
+    from livekit import rtc
+    from livekit.agents import llm as livekit_llm
+    from livekit.plugins import openai as livekit_openai
+
+    @livekit_llm.function_tool
+    async def get_weather(place: str) -> str:
+        """The weather now in a place."""
+        return "answered below, as AgentSession answers"
+
+    model = livekit_openai.realtime.RealtimeModel(base_url=f"{url}/v1", api_key=KEY, model="contextspan")
+    session = model.session()
+    answered: list[str] = []
+    tasks: list[asyncio.Task[None]] = []
+
+    async def run_tools(generation: Any) -> None:
+        async for call in generation.function_stream:
+            chat_ctx = session.chat_ctx.copy()
+            chat_ctx.items.append(livekit_llm.FunctionCallOutput(call_id=call.call_id, name=call.name,
+                                                                 output="Sunny and mild.", is_error=False))
+            await session.update_chat_ctx(chat_ctx)
+            await session.generate_reply()
+            answered.append(call.call_id)
+
+    session.on("generation_created", lambda generation: tasks.append(asyncio.create_task(run_tools(generation))))
+    silent = bytes(2 * FRAME_SAMPLES)
+    pcm = (question * 32767).astype("<i2")
+    try:
+        await session.update_tools([get_weather])
+        for _ in range(rounds):
+            before = len(answered)
+            for i in range(len(pcm) // FRAME_SAMPLES):
+                session.push_audio(rtc.AudioFrame(pcm[i * FRAME_SAMPLES:(i + 1) * FRAME_SAMPLES].tobytes(),
+                                                  SAMPLE_RATE, 1, FRAME_SAMPLES))
+                await asyncio.sleep(FRAME_S)
+            for _ in range(int(30 / FRAME_S)):  # Whisper, the LLM, the tool, the span; then 2 s more
+                session.push_audio(rtc.AudioFrame(silent, SAMPLE_RATE, 1, FRAME_SAMPLES))
+                await asyncio.sleep(FRAME_S)
+                if len(answered) > before:
+                    break
+            for _ in range(int(2 / FRAME_S)):
+                session.push_audio(rtc.AudioFrame(silent, SAMPLE_RATE, 1, FRAME_SAMPLES))
+                await asyncio.sleep(FRAME_S)
+        return len(answered)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await session.aclose()
+        await model.aclose()
+
+
+def injected_spans(recordings: Path) -> list[dict[str, Any]]:
+    """Every `span.injected` the sessions recorded (server/ops/recording.py's JSONL transcripts)."""
+    records = (json.loads(line) for path in sorted(recordings.rglob("*.jsonl")) for line in path.open())
+    return [r for r in records if r.get("type") == "span.injected"]
+
+
+def tool_round_trip(tmp: Path, rounds: int) -> dict[str, Any]:
+    from benchmarks.fakes.fake_openai import fake_openai
+    from benchmarks.harness.speech import speak
+
+    question = np.concatenate([np.zeros(SAMPLE_RATE // 2, np.float32), speak(QUESTION, tmp / "question.wav")])
+    recordings = tmp / "recordings"
+    with fake_openai() as (llm_url, script):
+        script.mode, script.tool, script.arguments = "tool_call", "get_weather", {"place": "Paris"}
+        process, url = start_server(tmp, "--profile", "tiny", "--api-keys", KEY, "--max-sessions", "1", "--trigger",
+                                    "asr", "--llm-base-url", llm_url, "--llm-model", "fake", "--recordings-dir",
+                                    str(recordings), module="benchmarks.fakes.faulty_server",
+                                    env={"FAULTS": "agent_listens@6"})
+        try:
+            answered = asyncio.run(livekit_tool_rounds(url, rounds, question))
+        finally:
+            stop_server(process)
+    spans = injected_spans(recordings)
+    return {"rounds": rounds, "answered_by_the_client": answered, "injected": len(spans),
+            "tool_round_trip": summarise([s["timings_ms"]["tool_ms"] / 1000 for s in spans]) if spans else None,
+            "question_to_span": summarise([s["latency_ms"] / 1000 for s in spans]) if spans else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frameworks", type=lambda s: s.split(","), default=list(FRAMEWORKS))
     parser.add_argument("--requests", type=int, default=20, help="response.create per framework")
     parser.add_argument("--gap-s", type=float, default=1.0, help="between two requests")
+    parser.add_argument("--tool-rounds", type=int, default=5, help="questions answered through LiveKit's tool")
     parser.add_argument("--profile", default="tiny")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -132,8 +221,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"{s['p99_ms']:.1f} ms ({len(waits)} of {args.requests} answered)", flush=True)
         finally:
             stop_server(process)
+        tools = tool_round_trip(Path(tmp), args.tool_rounds) if args.tool_rounds and "livekit" in args.frameworks \
+            else None
+    if tools and tools["tool_round_trip"]:
+        t, q = tools["tool_round_trip"], tools["question_to_span"]
+        print(f"livekit client tool: call -> answer P50 {t['p50_ms']:.0f} ms, P99 {t['p99_ms']:.0f} ms; question -> "
+              f"span P50 {q['p50_ms']:.0f} ms ({tools['injected']} of {tools['rounds']} injected)", flush=True)
     save_json(args.json, {"benchmark": "frameworks", "profile": args.profile, "frame_ms": 1000 * FRAME_S,
-                          "machine": machine_info(), "frameworks": rows})
+                          "machine": machine_info(), "frameworks": rows, "livekit_client_tool": tools})
     return 0
 
 
