@@ -249,7 +249,8 @@ def test_a_typed_user_question_is_answered_by_the_backend_as_a_span_that_needs_n
     llm[1].queue.append({"content": "William Shakespeare wrote Hamlet."})
     typed = [(0.2, text_item("evt_context", "item_context", "system", "Your table is booked.")),
              (0.3, text_item("evt_empty", "item_empty", "user", "  ")),
-             (0.4, text_item("evt_typed", "item_typed", "user", "Who wrote Hamlet?"))]
+             # Once agent audio has come (`converse` waits for it by then): a span goes in after the first frame.
+             (1.2, text_item("evt_typed", "item_typed", "user", "Who wrote Hamlet?"))]
     seen = asyncio.run(converse(no_app_spans, silence(1.0), extra=typed, max_s=DEADLINE_S + 10,
                                 until=lambda s: any(e.type.startswith("contextspan.span.") for e in s.events)))
     (question,) = seen.of("contextspan.question")
@@ -262,6 +263,37 @@ def test_a_typed_user_question_is_answered_by_the_backend_as_a_span_that_needs_n
     assert "item_typed" in added and "item_context" not in added and "item_empty" not in added
     (error,) = [e.error for e in seen.of("error")]
     assert (error.code, error.event_id, error.param) == ("empty_item", "evt_empty", "item.content")
+
+
+def test_an_api_chat_client_types_a_question_and_hears_the_backends_answer_without_app_spans(
+        no_app_spans: RunningServer, llm: tuple[str, Script]) -> None:
+    llm[1].queue.append({"content": "William Shakespeare wrote Hamlet."})
+
+    async def run() -> list[p.ServerEvent]:
+        events: list[p.ServerEvent] = []
+        typed = False
+        async with connect(no_app_spans.http, token=await session_token(no_app_spans.http, KEY)) as conversation:
+            talker = asyncio.create_task(conversation.stream_audio(silence(DEADLINE_S + 10)))
+            try:
+                async with asyncio.timeout(DEADLINE_S + 10):
+                    async for item in conversation:
+                        if isinstance(item, p.ServerEvent):
+                            events.append(item)
+                        elif not typed:
+                            # Agent audio: the session has stepped its first frame, where a span can go in.
+                            await conversation.send(p.UserText(type="user.text", text="Who wrote Hamlet?"))
+                            typed = True
+                        if isinstance(item, p.SpanInjected | p.SpanDropped):
+                            break
+            finally:
+                talker.cancel()
+        return events
+
+    events = asyncio.run(run())
+    (question,) = [e for e in events if isinstance(e, p.Question)]
+    span = events[-1]
+    assert question.text == "Who wrote Hamlet?" and isinstance(span, p.SpanInjected), span
+    assert "Shakespeare wrote Hamlet" in span.text and span.tool == "llm"
 
 
 def about_the_user_item(seen: Seen, item_id: str) -> list[str]:
