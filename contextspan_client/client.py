@@ -257,8 +257,8 @@ class Conversation:
             await asyncio.sleep(max(0.0, start + i * page_samples / SAMPLE_RATE - lead_s - time.perf_counter()))
             await self.send_audio(padded[i * page_samples : (i + 1) * page_samples])
 
-    async def send(self, message: p.SessionUpdate | p.SpanInject | str) -> None:
-        """A typed client message (`session.update`, `span.inject`), or a JSON text as it is."""
+    async def send(self, message: p.SessionUpdate | p.SpanInject | p.UserText | str) -> None:
+        """A typed client message (`session.update`, `span.inject`, `user.text`), or a JSON text as it is."""
         await self._send(message if isinstance(message, str) else message.model_dump_json(exclude_none=True))
 
     async def close(self) -> None:

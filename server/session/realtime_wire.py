@@ -113,6 +113,7 @@ class RealtimeWire:
         self._failed: rt.RealtimeError | None = None
         self._event_id: str | None = None  # the client event being handled, for errors the session finds in it
         self._items: dict[str, rt.ConversationItem] = {}  # for conversation.item.retrieve
+        self._taking: tuple[Inbound, rt.MessageItem] | None = None  # a message item, until the session takes it
         self._config = _Config()
 
     # out ----------------------------------------------------------------------------------------------------
@@ -390,25 +391,32 @@ class RealtimeWire:
     def _item_create(self, event: rt.ItemCreateEvent) -> list[Inbound]:
         item = event.item
         item_id = item.id or rt.new_id("item")
-        if item.type == "function_call_output":
-            if item.call_id is None or item.output is None:
-                raise rt.RealtimeError("invalid_value", "a function_call_output item needs call_id and output",
-                                       event.event_id, "item")
-            inbound: Inbound = p.ToolResult(type="tool.result", call_id=item.call_id,
-                                            output=item.output[:p.MAX_TOOL_OUTPUT_CHARS])
-            added: rt.ConversationItem = rt.FunctionCallOutputItem(id=item_id, call_id=item.call_id,
-                                                                  output=item.output)
-        elif item.type == "message" and item.role in ("user", "system"):
+        if item.type == "message" and item.role in ("user", "system"):
+            # A user's text is their turn, answered; a system message is the app's context, said as a span. Either
+            # is added once the session takes it (`accepted`): a refused one is no part of the conversation.
             text = rt.item_text(item)
-            inbound = p.SpanInject(type="span.inject", text=text, source="conversation.item")
-            added = rt.MessageItem(id=item_id, role=item.role, status="completed",
-                                   content=[rt.InputTextPart(text=text)])
-        else:
-            raise rt.RealtimeError("unsupported_item", "only user or system text messages (they become spans) and "
-                                   "function_call_output items can be created", event.event_id, "item")
+            message: Inbound = (p.UserText(type="user.text", text=text) if item.role == "user"
+                                else p.SpanInject(type="span.inject", text=text, source="conversation.item"))
+            self._taking = (message, rt.MessageItem(id=item_id, role=item.role, status="completed",
+                                                    content=[rt.InputTextPart(text=text)]))
+            return [message]
+        if item.type != "function_call_output":
+            raise rt.RealtimeError("unsupported_item", "only user or system text messages and function_call_output "
+                                   "items can be created", event.event_id, "item")
+        if item.call_id is None or item.output is None:
+            raise rt.RealtimeError("invalid_value", "a function_call_output item needs call_id and output",
+                                   event.event_id, "item")
+        # Added at once, even when too late for its span: the output is still the client's, in its conversation.
+        added = rt.FunctionCallOutputItem(id=item_id, call_id=item.call_id, output=item.output)
         self._add_item(added)
         self._item_done(added)
-        return [inbound]
+        return [p.ToolResult(type="tool.result", call_id=item.call_id, output=item.output[:p.MAX_TOOL_OUTPUT_CHARS])]
+
+    def accepted(self, item: Inbound) -> None:
+        taking, self._taking = self._taking, None
+        if taking is not None and taking[0] is item:
+            self._add_item(taking[1])
+            self._item_done(taking[1])
 
     def _session_update(self, event: rt.SessionUpdateEvent) -> tuple[p.SessionUpdate, dict[str, str]]:
         """What the session is to do, and the fields accepted but not applied, each with the reason."""

@@ -112,6 +112,7 @@ class Retrieval:
         self._task: asyncio.Task[None] | None = None
         self._last_question_at = 0.0
         self._agent_pieces: list[str] = []
+        self._asked: str | None = None  # a typed question, for the retrieval just started
 
     def feed(self, pcm: np.ndarray) -> None:
         if self.asr is not None:
@@ -160,6 +161,15 @@ class Retrieval:
             return False
         self._task = asyncio.get_running_loop().create_task(self._retrieve(triggered), name="retrieval")
         return True
+
+    def ask(self, text: str) -> bool:
+        """A typed user turn: stored as the user's, as a final transcript is, and the question of a retrieval started
+        now (there is no speech to wait on); False (and a span-dropped event) if one is already in flight."""
+        self._flush_agent_turn()
+        self.store.add_turn(self.user_id, self.session_id, "user", text)
+        if not self.in_flight:
+            self._asked = text
+        return self.trigger()
 
     async def close(self) -> None:
         if self._task is not None:
@@ -254,9 +264,13 @@ class Retrieval:
         return Request(tuple(utterances), agent_words, answered, location)
 
     async def _pick_question(self) -> tuple[str, float]:
-        """A fresh final utterance; else wait briefly for the final (of an utterance still going on, or ended and
-        still being transcribed); else transcribe the last seconds heard (a second `<ret>` with no new utterance
-        hears the old question again); else, when those seconds hold no speech, the last question answered."""
+        """The question typed (`ask`); else a fresh final utterance; else wait briefly for the final (of an
+        utterance still going on, or ended and still being transcribed); else transcribe the last seconds heard (a
+        second `<ret>` with no new utterance hears the old question again); else, when those seconds hold no speech,
+        the last question answered."""
+        if self._asked is not None:
+            asked, self._asked = self._asked, None
+            return asked, 0.0
         if self.asr is None:
             return "", 0.0
         fresh = self._fresh_final()

@@ -357,6 +357,7 @@ class Session:
         try:
             for item in self.wire.inbound(message):
                 await self._on_inbound(item)
+                self.wire.accepted(item)
         except p.ProtocolError as exc:
             self._protocol_error(exc)
         return True
@@ -373,6 +374,8 @@ class Session:
             self._inject_app_span(item)
         elif isinstance(item, p.ToolResult):
             self.client_tools.answer(item.call_id, item.output)
+        elif isinstance(item, p.UserText):
+            self._ask(item.text)
         else:
             await self._update(item)
 
@@ -531,6 +534,14 @@ class Session:
             self.emit(p.SpanDropped(t=t, text="", reason="retrieval is off on this server", latency_ms=0.0))
             return
         self.retrieval.trigger()
+
+    def _ask(self, text: str) -> None:
+        """A typed user turn is answered as a spoken question would be: by the backend, as a span."""
+        if self.retrieval is None:
+            self.emit(p.SpanDropped(t=self.assembler.stream_time, text="", question=text,
+                                    reason="retrieval is off on this server", latency_ms=0.0))
+            return
+        self.retrieval.ask(text)
 
     def _on_backend_error(self, exc: Exception) -> None:
         self.emit(p.ErrorEvent(t=self.assembler.stream_time, code="asr_failed", message=f"{type(exc).__name__}: {exc}"))

@@ -37,7 +37,7 @@ class CommitInput:
     the silence that would end it."""
 
 
-Inbound = AudioIn | ClearInput | CommitInput | p.SessionUpdate | p.SpanInject | p.ToolResult
+Inbound = AudioIn | ClearInput | CommitInput | p.SessionUpdate | p.SpanInject | p.ToolResult | p.UserText
 
 
 class SessionWire(Protocol):
@@ -48,6 +48,9 @@ class SessionWire(Protocol):
 
     def inbound(self, message: Message) -> list[Inbound]:
         """One WebSocket message's meaning; raises ProtocolError for a message the session cannot accept."""
+
+    def accepted(self, item: Inbound) -> None:
+        """The session took `item` (it raised no ProtocolError): what the protocol confirms only then."""
 
     def audio(self, pcm: np.ndarray) -> bool:
         """One frame of agent audio out; False when the queue dropped older audio for it (a slow client)."""
@@ -85,6 +88,9 @@ class MoshiWire:
             self.events = True  # a client that sends text reads text: JSON events (and errors) from now on
             return [p.parse_client_text(message["text"])]
         return []
+
+    def accepted(self, item: Inbound) -> None:
+        pass  # /api/chat confirms nothing
 
     def audio(self, pcm: np.ndarray) -> bool:
         ogg = self.encoder.encode(pcm)

@@ -10,7 +10,7 @@ import json
 from enum import IntEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 PROTOCOL_VERSION = 1
 # The Moshi wire: 24 kHz mono audio, one model frame per 80 ms. Kept here so that clients need no torch.
@@ -178,9 +178,24 @@ class ToolResult(BaseModel):
     output: str = Field(max_length=MAX_TOOL_OUTPUT_CHARS)
 
 
-ClientMessage = Annotated[SessionUpdate | SpanInject | ToolResult, Field(discriminator="type")]
+# A typed user turn goes to the backend's LLM as the user's words; a spoken one ends at 15 s (some 50 words), and
+# longer text is no question.
+MAX_USER_TEXT_CHARS = 1000
+
+
+class UserText(BaseModel):
+    """A typed user turn, taken as a spoken one that was transcribed: stored as the user's turn and the question of
+    a retrieval started at once, whose answer the model says as a span."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["user.text"]
+    text: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_USER_TEXT_CHARS)]
+
+
+ClientMessage = Annotated[SessionUpdate | SpanInject | ToolResult | UserText, Field(discriminator="type")]
 _client_adapter: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
-_CLIENT_TYPES = ("session.update", "span.inject", "tool.result")
+_CLIENT_TYPES = ("session.update", "span.inject", "tool.result", "user.text")
 
 
 def parse_client_text(text: str) -> ClientMessage:
@@ -201,6 +216,9 @@ def parse_client_text(text: str) -> ClientMessage:
         if data["type"] == "span.inject" and any(e["type"] == "string_too_long" and e["loc"][-1:] == ("text",)
                                                  for e in errors):
             raise ProtocolError("span_too_long", f"span.inject text is over {MAX_APP_SPAN_CHARS} characters") from None
+        if data["type"] == "user.text" and [e["loc"] for e in errors] == [("user.text", "text")]:
+            raise ProtocolError("invalid_text", f"user.text text must hold 1 to {MAX_USER_TEXT_CHARS} characters "
+                                "(surrounding whitespace aside)") from None
         detail = "; ".join(f"{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in errors)
         raise ProtocolError("invalid_message", f"invalid {data['type']}: {detail}") from None
 

@@ -30,6 +30,7 @@ from frontend_model.frame import SAMPLE_RATE
 from server.wire.protocol import (
     MAX_APP_SPAN_CHARS,
     MAX_TEMPERATURE,
+    MAX_USER_TEXT_CHARS,
     ProtocolError,
     Question,
     Retrieval,
@@ -265,16 +266,20 @@ def parse_client_event(text: str) -> ClientEvent:
 
 
 def item_text(item: Item) -> str:
-    """The text of a user or system message item; input_audio parts are refused (audio goes through the buffer)."""
+    """The text of a user message (a typed turn) or a system one (a span); input_audio parts are refused (audio goes
+    through the buffer)."""
     texts = []
     for part in item.content:
         if part.type not in ("input_text", "text"):
-            raise RealtimeError("unsupported_content", f"content of type {part.type!r} cannot become a span: send "
+            raise RealtimeError("unsupported_content", f"content of type {part.type!r} is not taken in a message: send "
                                 "text parts (input_text); audio goes through input_audio_buffer.append")
         texts.append(part.text or "")
     text = " ".join(t.strip() for t in texts if t.strip())
     if not text:
-        raise RealtimeError("empty_item", "the item holds no text")
+        raise RealtimeError("empty_item", "the item holds no text", param="item.content")
+    if item.role == "user" and len(text) > MAX_USER_TEXT_CHARS:
+        raise RealtimeError("text_too_long", f"user message text is over {MAX_USER_TEXT_CHARS} characters",
+                            param="item.content")
     if len(text) > MAX_APP_SPAN_CHARS:
         raise RealtimeError("span_too_long", f"item text is over {MAX_APP_SPAN_CHARS} characters", param="item.content")
     return text

@@ -177,7 +177,7 @@ def outside_the_open_response(seen: Seen) -> list[str]:
 
 @pytest.fixture(scope="module")
 def conversation(server: RunningServer, question: np.ndarray) -> Seen:
-    """The whole flow over the SDK: the client's tool declared, the spoken question, a text item and the input
+    """The whole flow over the SDK: the client's tool declared, the spoken question, a system item and the input
     buffer's and items' other events, until the tool call, answered by the client, is injected."""
     async def answer_tools(connection: Any, event: Any) -> None:
         if event.type == "response.function_call_arguments.done":
@@ -187,7 +187,7 @@ def conversation(server: RunningServer, question: np.ndarray) -> Seen:
                 "output": "Sunny and twenty degrees in Paris."})
 
     item = {"type": "conversation.item.create",
-            "item": {"id": "item_booked", "type": "message", "role": "user",
+            "item": {"id": "item_booked", "type": "message", "role": "system",
                      "content": [{"type": "input_text", "text": "Your table is booked for 8 pm."}]}}
     # The commit comes before the question: one during it would end the utterance there (push to talk).
     others = [(0.1, {"type": "input_audio_buffer.commit"}), (0.6, {"type": "input_audio_buffer.clear"}),
@@ -215,7 +215,7 @@ def bad_inputs(server: RunningServer) -> Seen:
     return asyncio.run(converse(server, silence(2.0), extra=bad))
 
 
-def test_the_sdk_converses_with_audio_transcripts_a_text_item_and_a_client_tool(
+def test_the_sdk_converses_with_audio_transcripts_a_system_item_and_a_client_tool(
         conversation: Seen, llm: tuple[str, Script]) -> None:
     seen = conversation
     assert not seen.of("error"), [e.error for e in seen.of("error")]
@@ -239,6 +239,73 @@ def test_the_sdk_converses_with_audio_transcripts_a_text_item_and_a_client_tool(
     assert tool_span.latency_ms <= DEADLINE_S * 1e3
     offered = [t["function"]["name"] for t in llm[1].requests[-1]["tools"]]
     assert "get_weather" in offered and "arithmetic" in offered  # beside the server's own tools
+
+
+@pytest.fixture(scope="module")
+def no_app_spans(tmp_path_factory: pytest.TempPathFactory, llm: tuple[str, Script]) -> Iterator[RunningServer]:
+    """The same server where no session may push a span of its own: what a typed user turn must not need."""
+    running = start_server(tmp_path_factory.mktemp("no-app-spans"), "--api-keys", KEY, "--app-spans", "off",
+                           "--trigger", "asr", "--llm-base-url", llm[0], "--llm-model", "fake",
+                           "--span-deadline-s", str(DEADLINE_S), faults="agent_listens@6")
+    yield running
+    stop_server(running)
+
+
+def text_item(event_id: str, item_id: str, role: str, text: str) -> dict[str, Any]:
+    return {"type": "conversation.item.create", "event_id": event_id, "item": {
+        "id": item_id, "type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}}
+
+
+def test_a_typed_user_question_is_answered_by_the_backend_as_a_span_that_needs_no_app_spans(
+        no_app_spans: RunningServer, llm: tuple[str, Script]) -> None:
+    llm[1].queue.append({"content": "William Shakespeare wrote Hamlet."})
+    typed = [(0.2, text_item("evt_context", "item_context", "system", "Your table is booked.")),
+             (0.3, text_item("evt_empty", "item_empty", "user", "  ")),
+             # Once agent audio has come (`converse` waits for it by then): a span goes in after the first frame.
+             (1.2, text_item("evt_typed", "item_typed", "user", "Who wrote Hamlet?"))]
+    seen = asyncio.run(converse(no_app_spans, silence(1.0), extra=typed, max_s=DEADLINE_S + 10,
+                                until=lambda s: any(e.type.startswith("contextspan.span.") for e in s.events)))
+    (question,) = seen.of("contextspan.question")
+    assert question.text == "Who wrote Hamlet?"
+    assert llm[1].requests[-1]["messages"][-1] == {"role": "user", "content": "Who wrote Hamlet?"}
+    (span,) = span_for(seen, "llm")
+    assert span.type == "contextspan.span.injected", span.reason
+    assert "Shakespeare wrote Hamlet" in span.text and span.question == "Who wrote Hamlet?"
+    added = [e.item.id for e in seen.of("conversation.item.added")]
+    assert "item_typed" in added and "item_context" not in added and "item_empty" not in added
+    (error,) = [e.error for e in seen.of("error")]
+    assert (error.code, error.event_id, error.param) == ("empty_item", "evt_empty", "item.content")
+
+
+def test_an_api_chat_client_types_a_question_and_hears_the_backends_answer_without_app_spans(
+        no_app_spans: RunningServer, llm: tuple[str, Script]) -> None:
+    llm[1].queue.append({"content": "William Shakespeare wrote Hamlet."})
+
+    async def run() -> list[p.ServerEvent]:
+        events: list[p.ServerEvent] = []
+        typed = False
+        async with connect(no_app_spans.http, token=await session_token(no_app_spans.http, KEY)) as conversation:
+            talker = asyncio.create_task(conversation.stream_audio(silence(DEADLINE_S + 10)))
+            try:
+                async with asyncio.timeout(DEADLINE_S + 10):
+                    async for item in conversation:
+                        if isinstance(item, p.ServerEvent):
+                            events.append(item)
+                        elif not typed:
+                            # Agent audio: the session has stepped its first frame, where a span can go in.
+                            await conversation.send(p.UserText(type="user.text", text="Who wrote Hamlet?"))
+                            typed = True
+                        if isinstance(item, p.SpanInjected | p.SpanDropped):
+                            break
+            finally:
+                talker.cancel()
+        return events
+
+    events = asyncio.run(run())
+    (question,) = [e for e in events if isinstance(e, p.Question)]
+    span = events[-1]
+    assert question.text == "Who wrote Hamlet?" and isinstance(span, p.SpanInjected), span
+    assert "Shakespeare wrote Hamlet" in span.text and span.tool == "llm"
 
 
 def about_the_user_item(seen: Seen, item_id: str) -> list[str]:

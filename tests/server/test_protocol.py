@@ -83,6 +83,18 @@ def test_span_inject_at_the_limit_is_accepted() -> None:
     assert isinstance(message, p.SpanInject)
 
 
+def test_user_text_is_a_typed_user_turn_without_surrounding_whitespace() -> None:
+    message = p.parse_client_text('{"type": "user.text", "text": " What is twelve times seven? "}')
+    assert message == p.UserText(type="user.text", text="What is twelve times seven?")
+
+
+@pytest.mark.parametrize("text", ["", "   ", "a" * (p.MAX_USER_TEXT_CHARS + 1)])
+def test_empty_or_too_long_user_text_is_refused_clearly(text: str) -> None:
+    with pytest.raises(p.ProtocolError) as err:
+        p.parse_client_text(json.dumps({"type": "user.text", "text": text}))
+    assert err.value.code == "invalid_text" and str(p.MAX_USER_TEXT_CHARS) in str(err.value)
+
+
 def test_events_round_trip_and_omit_nulls() -> None:
     event = p.SpanInjected(t=1.28, text="Paris", source=None, frames=4, prefill_ms=3.1, latency_ms=40.0,
                            truncated=False, offset_before=10, offset_after=14)

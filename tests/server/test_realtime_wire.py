@@ -283,9 +283,14 @@ def test_an_unknown_voice_is_reported_and_the_voice_stays() -> None:
     ({"type": "conversation.item.create", "item": {"type": "message", "role": "assistant", "content": []},
       "event_id": "e1"}, "unsupported_item", "item"),
     ({"type": "response.cancel", "event_id": "e1"}, "response_cancel_not_active", "response_id"),
-    ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "system", "content": [
         {"type": "input_text", "text": "x" * (p.MAX_APP_SPAN_CHARS + 1)}]}, "event_id": "e1"}, "span_too_long",
      "item.content"),
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "x" * (p.MAX_USER_TEXT_CHARS + 1)}]}, "event_id": "e1"}, "text_too_long",
+     "item.content"),
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": " "}]}, "event_id": "e1"}, "empty_item", "item.content"),
     ({"type": "conversation.item.retrieve", "item_id": "item_nope", "event_id": "e1"}, "item_not_found", "item_id"),
 ])
 def test_bad_events_are_errors_naming_the_event_and_the_field(event: dict[str, Any], code: str, param: str) -> None:
@@ -353,15 +358,38 @@ def test_audio_appends_become_pcm_and_commit_and_clear_are_answered() -> None:
     assert types(sent(queue)) == ["input_audio_buffer.cleared"]
 
 
-def test_a_text_item_becomes_a_span_request_and_a_function_output_a_tool_result() -> None:
+def text_item(role: str, text: str) -> dict[str, Any]:
+    return {"type": "conversation.item.create", "event_id": "e3", "item": {
+        "type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}}
+
+
+def test_a_user_text_item_is_the_users_question_and_not_a_span() -> None:
+    w, _ = wire()
+    (question,) = w.inbound(message(text_item("user", " What is twelve times seven? ")))
+    assert question == p.UserText(type="user.text", text="What is twelve times seven?")
+
+
+def test_a_system_text_item_becomes_a_span_request_and_a_function_output_a_tool_result() -> None:
     w, queue = wire()
-    (span,) = w.inbound(message({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Booked for 8."}]}}))
+    (span,) = w.inbound(message(text_item("system", "Booked for 8.")))
     assert span == p.SpanInject(type="span.inject", text="Booked for 8.", source="conversation.item")
+    w.accepted(span)
     (result,) = w.inbound(message({"type": "conversation.item.create", "item": {
         "type": "function_call_output", "call_id": "call_1", "output": "Sunny."}}))
     assert result == p.ToolResult(type="tool.result", call_id="call_1", output="Sunny.")
     assert types(sent(queue)) == ["conversation.item.added", "conversation.item.done"] * 2
+
+
+@pytest.mark.parametrize("role", ["user", "system"])
+def test_a_text_item_is_added_once_the_session_takes_it_and_never_when_it_refuses_it(role: str) -> None:
+    w, queue = wire()
+    w.inbound(message(text_item(role, "Refused.")))  # the session raised (a span with app_spans off): not taken
+    (taken,) = w.inbound(message(text_item(role, "Taken.")))
+    assert sent(queue) == []
+    w.accepted(taken)
+    added, done = sent(queue)
+    assert (added["type"], done["type"]) == ("conversation.item.added", "conversation.item.done")
+    assert done["item"]["role"] == role and done["item"]["content"] == [{"type": "input_text", "text": "Taken."}]
 
 
 def test_a_tool_call_is_a_function_call_item_that_ends_the_open_response_and_the_next_opens_at_once() -> None:
@@ -483,7 +511,8 @@ def every_event_the_wire_sends(dialect: rt.Dialect) -> list[dict[str, Any]]:
                                                                 "output": "Sunny."}},
                   {"type": "conversation.item.truncate", "item_id": "item_1", "audio_end_ms": 80},
                   {"type": "conversation.item.delete", "item_id": "item_1"}):
-        w.inbound(message(event))
+        for item in w.inbound(message(event)):
+            w.accepted(item)
     w.event(p.ToolCall(t=1.0, call_id="c", name="get_weather", arguments="{}"))
     utterance(w, "What now?")
     w.event(p.ErrorEvent(t=1.6, code="asr_failed", message="RuntimeError: whisper died"))

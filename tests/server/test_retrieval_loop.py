@@ -198,3 +198,27 @@ def test_ret_while_the_final_is_still_being_transcribed_waits_for_it(tmp_path: P
     assert len(answers) == 1, events
     assert answers[0].question == "What is two plus two?" and answers[0].text == "2 plus 2 is 4."
     assert "asr_ms" not in answers[0].timings_ms, "the last seconds were transcribed again instead of waiting"
+
+
+def test_a_typed_question_is_the_users_turn_answered_through_the_agent_one_retrieval_at_a_time() -> None:
+    answers: list[SpanAnswer] = []
+    events: list[Any] = []
+    store = ContextStore(":memory:")
+
+    async def run() -> None:
+        retrieval = Retrieval("s1", "u1", Agent(build_catalogue()), store, None, answers.append, events.append,
+                              lambda: 0.0)
+        retrieval.on_agent_text(" Hello.")
+        assert retrieval.ask("What is twelve times seven?")
+        assert not retrieval.ask("And eight times nine?")  # stored, but one retrieval is in flight
+        while retrieval.in_flight:
+            await asyncio.sleep(0.01)
+        await retrieval.close()
+
+    asyncio.run(run())
+    (answer,) = answers
+    assert answer.question == "What is twelve times seven?" and answer.tool == "arithmetic" and "84" in answer.text
+    assert [(t.role, t.text) for t in store.turns("s1")][:3] == [
+        ("agent", "Hello."), ("user", "What is twelve times seven?"), ("user", "And eight times nine?")]
+    assert [e.text for e in events if isinstance(e, p.Question)] == ["What is twelve times seven?"]
+    assert [e.reason for e in events if isinstance(e, p.SpanDropped)] == ["a retrieval is already in flight"]
