@@ -135,14 +135,16 @@ def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
         stop_server(running)
 
 
-def test_a_livekit_function_tool_that_takes_4_s_is_answered_and_its_answer_said(tool_server: RunningServer,
-                                                                               tmp_path: Path) -> None:
+def test_a_livekit_function_tool_that_takes_4_s_and_a_typed_question_are_answered(tool_server: RunningServer,
+                                                                                  tmp_path: Path) -> None:
     """As AgentSession does it: the tool runs once its response is done, its output goes in with
-    `update_chat_ctx`, then `generate_reply`."""
+    `update_chat_ctx`, then `generate_reply`; a typed message (`update_chat_ctx` with a user message) is the user's
+    turn, asked of the backend as a spoken question is (here the LLM picks the tool again)."""
     speech = np.concatenate([silence(0.5), speak("What is the weather like in Paris today?", tmp_path / "q.wav"),
                              silence(1.0)])
     injected: list[str] = []
     calls: list[str] = []
+    typed: list[str] = []
 
     @livekit_llm.function_tool
     async def get_weather(place: str) -> str:
@@ -177,7 +179,11 @@ def test_a_livekit_function_tool_that_takes_4_s_is_answered_and_its_answer_said(
                     pcm) - FRAME_SAMPLES else silent
                 session.push_audio(rtc.AudioFrame(chunk, SAMPLE_RATE, 1, FRAME_SAMPLES))
                 await asyncio.sleep(FRAME_S)
-                if injected:
+                if len(injected) == 1 and not typed:
+                    chat_ctx = session.chat_ctx.copy()
+                    typed.append(chat_ctx.add_message(role="user", content="And what about Lyon tomorrow?").id)
+                    await session.update_chat_ctx(chat_ctx)
+                if len(injected) == 2:
                     break
         finally:
             for task in tasks:
@@ -186,5 +192,5 @@ def test_a_livekit_function_tool_that_takes_4_s_is_answered_and_its_answer_said(
             await model.aclose()
 
     asyncio.run(converse())
-    assert calls == ["get_weather"]
-    assert injected and injected[0].startswith("Sunny and twenty-one degrees")  # numbers spelled out, as spoken
+    assert calls == ["get_weather", "get_weather"]
+    assert len(injected) == 2 and all(text.startswith("Sunny and twenty-one degrees") for text in injected)
