@@ -369,8 +369,8 @@ class RealtimeWire:
         if isinstance(event, rt.ItemRetrieveEvent):
             item = self._items.get(event.item_id)
             if item is None:
-                raise rt.RealtimeError("item_not_found", f"no item {event.item_id[:100]!r} in this conversation",
-                                       param="item_id")
+                raise rt.RealtimeError("item_retrieve_invalid_item_id",
+                                       f"no item {event.item_id[:100]!r} in this conversation", param="item_id")
             self._send(rt.ConversationItemRetrieved(item=item))
             return []
         if isinstance(event, rt.ResponseCreateEvent):

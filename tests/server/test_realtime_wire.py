@@ -291,7 +291,8 @@ def test_an_unknown_voice_is_reported_and_the_voice_stays() -> None:
      "item.content"),
     ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
         {"type": "input_text", "text": " "}]}, "event_id": "e1"}, "empty_item", "item.content"),
-    ({"type": "conversation.item.retrieve", "item_id": "item_nope", "event_id": "e1"}, "item_not_found", "item_id"),
+    ({"type": "conversation.item.retrieve", "item_id": "item_nope", "event_id": "e1"},
+     "item_retrieve_invalid_item_id", "item_id"),
 ])
 def test_bad_events_are_errors_naming_the_event_and_the_field(event: dict[str, Any], code: str, param: str) -> None:
     w, queue = wire()
