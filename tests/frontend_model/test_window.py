@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from frontend_model.engine.batch_engine import BatchEngine
 from frontend_model.engine.columns import forward_last
-from frontend_model.engine.engine import GREEDY, Engine
+from frontend_model.engine.engine import GREEDY, Engine, StepResult
 from frontend_model.engine.window import refill_window, roll_window, rotate_keys
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.kv_ring import attention_layers
@@ -200,3 +201,56 @@ def test_a_rotation_moves_a_key_to_its_new_position(two_layers: LoadedModel) -> 
     _, at_old = attn.rope(raw, raw, old)
     _, at_new = attn.rope(raw, raw, new)
     assert (rotate_keys(at_old, int(new - old), attn) - at_new).abs().max().item() <= 1e-3
+
+
+TICKS = 70
+ROLL_TICKS = (44, 50)  # each slot's: a batch's rows roll at their own ticks
+
+
+def window_at(engine: Engine, row: int, prefix: Prefix, window: str, columns: torch.Tensor) -> None:
+    if window == "roll":
+        roll_window(engine, row, prefix.frames, KEEP)
+    else:
+        refill_window(engine, row, prefix.frames, columns)
+
+
+def alone(model: LoadedModel, prefix: Prefix, seed: int, roll_tick: int, window: str
+          ) -> tuple[list[int | None], torch.Tensor]:
+    """One session alone, its window moved before `roll_tick`: (its text tokens, the columns it kept)."""
+    user = user_frames(TICKS, seed)
+    texts = []
+    with Engine(model, GREEDY, max_span_frames=MAX_SPAN) as engine, recorded_inputs(model) as (_, tokens):
+        engine.prefill(prefix)
+        for tick in range(TICKS):
+            if tick == roll_tick:
+                columns = torch.stack([torch.cat(row, dim=1)[0, -KEEP:] for row in tokens])
+                window_at(engine, 0, prefix, window, columns)
+            texts.append(engine.step(user[tick]).text_token)
+    return texts, columns
+
+
+@pytest.fixture(scope="module")
+def personaplex() -> LoadedModel:
+    return tiny_model(16, context=CONTEXT)
+
+
+@pytest.mark.parametrize("window", ["roll", "refill"])
+def test_each_row_of_a_batch_moves_its_window_alone(personaplex: LoadedModel, window: str) -> None:
+    """One family only: what a row of a batch is does not depend on it, and a batch on CPU is slow."""
+    prefix = persona_prefix(personaplex, "codes")
+    seeds = (5, 6)
+    runs = [alone(personaplex, prefix, seed, at, window) for seed, at in zip(seeds, ROLL_TICKS, strict=True)]
+    users = [user_frames(TICKS, seed) for seed in seeds]
+    texts: list[list[int | None]] = [[], []]
+    with BatchEngine(personaplex, 2, GREEDY, max_span_frames=MAX_SPAN) as engine:
+        for slot in range(2):
+            engine.prefill_slot(slot, prefix)
+        for tick in range(TICKS):
+            for slot, at in enumerate(ROLL_TICKS):
+                if tick == at:
+                    window_at(engine, slot, prefix, window, runs[slot][1])
+            results = engine.step_slots(torch.stack([u[tick] for u in users]), torch.ones(2, dtype=torch.bool))
+            for slot, result in enumerate(results):
+                assert isinstance(result, StepResult)
+                texts[slot].append(result.text_token)
+    assert texts == [run[0] for run in runs]
