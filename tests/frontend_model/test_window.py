@@ -254,3 +254,11 @@ def test_each_row_of_a_batch_moves_its_window_alone(personaplex: LoadedModel, wi
                 assert isinstance(result, StepResult)
                 texts[slot].append(result.text_token)
     assert texts == [run[0] for run in runs]
+
+
+def test_a_window_needs_the_frames_it_keeps(two_layers: LoadedModel) -> None:
+    prefix = persona_prefix(two_layers, "codes")
+    with Engine(two_layers, GREEDY, max_span_frames=MAX_SPAN) as engine:
+        engine.prefill(prefix)
+        with pytest.raises(ValueError, match="needs an offset of at least"):
+            roll_window(engine, 0, prefix.frames, 1)
