@@ -24,8 +24,9 @@ FAMILIES = (8, 16)  # depformer steps: Moshi-shaped, PersonaPlex-shaped
 TEST_DEVICE = os.environ.get("CONTEXTSPAN_TEST_DEVICE", "cpu")
 
 
-def tiny_lm(dep_q: int, context: int, dtype: torch.dtype, text_card: int, seed: int = 0) -> LMModel:
-    config = dict(TINY_LM_CONFIG, dep_q=dep_q, text_card=text_card, context=context)
+def tiny_lm(dep_q: int, context: int, dtype: torch.dtype, text_card: int, seed: int = 0,
+            num_layers: int = TINY_LM_CONFIG["num_layers"]) -> LMModel:
+    config = dict(TINY_LM_CONFIG, dep_q=dep_q, text_card=text_card, context=context, num_layers=num_layers)
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
@@ -34,15 +35,17 @@ def tiny_lm(dep_q: int, context: int, dtype: torch.dtype, text_card: int, seed: 
         torch.random.set_rng_state(state)
 
 
-def tiny_model(dep_q: int = 8, context: int = 3000, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """The tiny profile, or with a PersonaPlex-shaped LM (16 depformer steps) limited to its agent rows."""
+def tiny_model(dep_q: int = 8, context: int = 3000, dtype: torch.dtype = torch.float32,
+               num_layers: int = TINY_LM_CONFIG["num_layers"]) -> LoadedModel:
+    """The tiny profile, or with a PersonaPlex-shaped LM (16 depformer steps) limited to its agent rows, or with
+    another number of transformer layers (random weights of their own)."""
     base = load_model("tiny", device=TEST_DEVICE, dtype=dtype, context=context)
-    if dep_q == base.lm.dep_q:
+    if dep_q == base.lm.dep_q and num_layers == len(base.lm.transformer.layers):
         return base
-    lm = tiny_lm(dep_q, context, dtype, base.tokenizer.vocab_size())
+    lm = tiny_lm(dep_q, context, dtype, base.tokenizer.vocab_size(), num_layers=num_layers)
     trained = run_depformer_for_agent_only(lm)
-    return dataclasses.replace(base, profile=f"tiny-dep_q{dep_q}", lm=lm, span=dataclasses.replace(base.span,
-                                                                                                    dep_q=trained))
+    profile = f"tiny-dep_q{dep_q}" + ("" if num_layers == TINY_LM_CONFIG["num_layers"] else f"-layers{num_layers}")
+    return dataclasses.replace(base, profile=profile, lm=lm, span=dataclasses.replace(base.span, dep_q=trained))
 
 
 def unlimited(model: LoadedModel) -> LMModel:
