@@ -135,7 +135,9 @@ class BatchEngine(Engine):
         self.lm_gen.set_exec_mask(mask)
         lo, hi = active_rows(mask, self.compact)
         with rows([self.lm_gen], lo, hi), self._sampler().installed(mask, lo, hi):
-            return self.lm_gen.step(codes[lo:hi, :, None]), lo, hi
+            out = self.lm_gen.step(codes[lo:hi, :, None])
+        self._record_step()
+        return out, lo, hi
 
     def _tokens(self, out: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor:
         """[slots, 1 + agent codebooks] (text, agent codes); the ungenerated id where a slot has no output (masked,

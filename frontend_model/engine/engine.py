@@ -39,6 +39,7 @@ from frontend_model.span.build import MIN_SPAN_FRAMES, SpanBuild, build_span
 
 if TYPE_CHECKING:
     from frontend_model.engine.calibration import PrefillCost
+    from frontend_model.engine.history import ColumnLog
 
 DEFAULT_MAX_SPAN_FRAMES = 640
 NO_FRAME_BUDGET = "no_frame_budget"
@@ -113,6 +114,7 @@ class Engine:
         self.sampler: RowSampler | None = None
         self.chunked: ChunkedPrefill | None = None
         self.last_text_logits: torch.Tensor | None = None
+        self.recorder: ColumnLog | None = None  # what each slot consumed, to resume it (engine/history.py)
         self.kv_capacity = 0
         self.steps = 0
         self._stream: ExitStack | None = None
@@ -182,6 +184,7 @@ class Engine:
         self._require_running("step")
         with self._sampler().installed(self._state().exec_mask):
             out = self.lm_gen.step(self._user_column(user_codes))
+        self._record_step()
         self.steps += 1
         if out is None:
             return StepResult(None, None)
@@ -326,6 +329,8 @@ class Engine:
         is_init = offsets[:, None, None] <= self._delays[None, :, None]
         ring.scatter_(2, at, torch.where(is_init, state.initial, pending))
         ring.copy_(torch.roll(ring, block.frames, dims=2))
+        if self.recorder is not None:
+            self.recorder.forced(lo, offsets, columns)
         self._advance(lo, hi, block.frames)
 
     def _sample_next(self, out: torch.Tensor, logits: torch.Tensor, lo: int, hi: int
@@ -387,7 +392,14 @@ class Engine:
         pending[:, 0] = text
         pending[:, 1] = semantic
         ring[:, :, at] = pending
+        if self.recorder is not None:
+            self.recorder.forced(lo, state.offsets[lo:hi], columns, prefix.replayed)
         self._advance(lo, hi, prefix.frames)
+
+    def _record_step(self) -> None:
+        """The columns a step consumed, into the session history where one is kept."""
+        if self.recorder is not None:
+            self.recorder.stepped(self._state(), self._delays)
 
     def _advance(self, lo: int, hi: int, frames: int) -> None:
         state = self._state()
