@@ -286,7 +286,9 @@ def target_rows(results: dict[str, PhaseResult]) -> list[dict[str, Any]]:
         widest = max(batch_rows, key=lambda r: r["sessions"], default=None)
         frames = batch.data.get("span_frames", 256) if batch else 256
         sessions = widest["sessions"] if widest else 64  # what the target asks for, where nothing was measured
-        add("tick64_span256_p99", f"{phase}: tick of {sessions} sessions + {frames}-frame span",
+        refused = (batch.data.get("out_of_memory") or {}).get("sessions") if batch else None
+        why = f" (out of memory at {refused} sessions)" if refused else ""
+        add("tick64_span256_p99", f"{phase}: tick of {sessions} sessions + {frames}-frame span{why}",
             widest["tick_with_span"]["p99_ms"] if widest else None)
     return rows
 
