@@ -12,10 +12,10 @@ import pytest
 import torch
 from moshi.utils.compile import CUDAGraphed
 
-from frontend_model.engine import calibration, optimisations
+from frontend_model.engine import calibration, chunked_prefill, optimisations
 from frontend_model.engine.batch_model import BatchedModel, start_batch
 from frontend_model.engine.calibration import PrefillCost, assumed_cost, calibrate_costs, calibrate_prefill
-from frontend_model.engine.chunked_prefill import ChunkedPrefill, SpanPrefill
+from frontend_model.engine.chunked_prefill import SpanPrefill
 from frontend_model.engine.device_memory import streaming_bytes
 from frontend_model.engine.engine import GREEDY, Engine
 from frontend_model.engine.optimisations import Optimisations
@@ -89,10 +89,10 @@ def chunk_failure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     if request.param != "capture raises":
         return Optimisations(cuda=False, fail=frozenset({request.param})), request.param
 
-    def chunk(self: ChunkedPrefill, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def chunk(lm: object, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise RuntimeError(CAPTURE_ERROR)
 
-    monkeypatch.setattr(ChunkedPrefill, "_chunk", chunk)
+    monkeypatch.setattr(chunked_prefill, "forward_last", chunk)
     return Optimisations(cuda=False), "prefill_graphs"
 
 
