@@ -60,13 +60,11 @@ async def livekit(url: str, requests: int, gap_s: float) -> list[float]:
         await model.aclose()
 
 
-async def microphone(push: Callable[[bytes], Any]) -> None:
+async def microphone(push: Callable[[bytes], None]) -> None:
     """A room's track: a frame of the user's audio every 80 ms."""
     rng = np.random.default_rng(0)
     while True:
-        result = push(noise_frame(rng))
-        if isinstance(result, Awaitable):
-            await result
+        push(noise_frame(rng))
         await asyncio.sleep(FRAME_S)
 
 

@@ -35,6 +35,15 @@ pytestmark = pytest.mark.slow
 KEY = "pipecat-key"
 
 
+def paced(speech: np.ndarray) -> list[object]:
+    """The user's audio as a transport hands it to the pipeline: a frame every 80 ms."""
+    frames: list[object] = []
+    for i in range(len(speech) // FRAME_SAMPLES):
+        pcm = (speech[i * FRAME_SAMPLES:(i + 1) * FRAME_SAMPLES] * 32767).astype("<i2").tobytes()
+        frames += [InputAudioRawFrame(audio=pcm, sample_rate=SAMPLE_RATE, num_channels=1), SleepFrame(FRAME_S)]
+    return frames
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     # The agent listens while the user speaks (as a full-duplex model does): Pipecat sees turns end, and silence.
@@ -47,10 +56,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 def test_pipecats_realtime_service_hears_the_user_and_plays_the_agent(server: RunningServer, tmp_path: Path) -> None:
     speech = np.concatenate([silence(0.3), speak("Hello there, how are you today?", tmp_path / "hi.wav"),
                              silence(4.0)])
-    frames: list[object] = []
-    for i in range(len(speech) // FRAME_SAMPLES):
-        pcm = (speech[i * FRAME_SAMPLES:(i + 1) * FRAME_SAMPLES] * 32767).astype("<i2").tobytes()
-        frames += [InputAudioRawFrame(audio=pcm, sample_rate=SAMPLE_RATE, num_channels=1), SleepFrame(FRAME_S)]
+    frames = paced(speech)
     frames.append(SleepFrame(20.0))  # the agent's last frames, and the final transcript from a busy host's Whisper
     llm = OpenAIRealtimeLLMService(api_key=KEY, base_url=f"{server.ws}/v1/realtime?model=contextspan")
     down, up = asyncio.run(run_test(llm, frames_to_send=frames, pipeline_params=PipelineParams(
@@ -84,12 +90,9 @@ def test_pipecats_session_survives_every_condition_that_is_not_its_fault(failing
 
     speech = np.concatenate([silence(0.3), speak("Hello there, how are you today?", tmp_path / "hi.wav"),
                              silence(3.0)])
-    frames: list[object] = []
-    for i in range(len(speech) // FRAME_SAMPLES):
-        pcm = (speech[i * FRAME_SAMPLES:(i + 1) * FRAME_SAMPLES] * 32767).astype("<i2").tobytes()
-        frames += [InputAudioRawFrame(audio=pcm, sample_rate=SAMPLE_RATE, num_channels=1), SleepFrame(FRAME_S)]
-    tail = [InputAudioRawFrame(audio=bytes(2 * FRAME_SAMPLES), sample_rate=SAMPLE_RATE, num_channels=1),
-            SleepFrame(FRAME_S)] * 75  # 6 s more of the user's silence, after the conditions
+    frames = paced(speech)
+    quiet = silence(6.0)  # the user's, after the conditions
+    tail = paced(quiet)
     llm = OpenAIRealtimeLLMService(api_key=KEY, base_url=f"{failing_asr_server.ws}/v1/realtime?model=contextspan")
 
     looked_up: list[bool] = []
@@ -118,7 +121,7 @@ def test_pipecats_session_survives_every_condition_that_is_not_its_fault(failing
     assert not errors, errors
     assert looked_up
     played = [f for f in down if isinstance(f, TTSAudioRawFrame)]
-    assert sum(len(f.audio) // 2 for f in played) >= 0.5 * (len(speech) + 75 * FRAME_SAMPLES)
+    assert sum(len(f.audio) // 2 for f in played) >= 0.5 * (len(speech) + len(quiet))
     log = failing_asr_server.log.read_text()
     assert "injected ASR fault" in log or "asr_failed" in log
     assert "app_spans_off" in log
