@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,8 @@ LOAD_TICK_LIMIT_MS = 60.0
 TABLE_BEGIN = "<!-- gpu-check: written by scripts/gpu_check.py table; do not edit by hand -->"
 TABLE_END = "<!-- gpu-check: end -->"
 ENGINE_TESTS = ["tests/frontend_model/test_engine_equivalence.py", "tests/frontend_model/test_batch_engine.py",
-                "tests/frontend_model/test_batch_model.py",
-                "tests/frontend_model/test_batch_codec.py"]
+                "tests/frontend_model/test_batch_model.py", "tests/frontend_model/test_batch_codec.py",
+                "tests/frontend_model/test_window.py", "tests/frontend_model/test_history.py"]
 BF16_TESTS = ["tests/frontend_model/test_bf16_tolerance.py"]
 
 
@@ -71,6 +72,7 @@ class Sizes:
     layout_frames: str
     kyutai_frames: int
     profile_args: list[str]
+    window_minutes: str  # conversations whose replay and window refill are timed
 
     @staticmethod
     def for_run(dry_run: bool) -> Sizes:
@@ -78,9 +80,9 @@ class Sizes:
             return Sizes("tiny", ["tests/frontend_model/test_batch_codec.py"],
                          ["-k", "prefill and dep_q8", *BF16_TESTS], "tiny", 11, "0,11", 2, "2,1", 8, 2, 1,
                          "tiny", 2, 2.0, ["--reduced"], "8", 4,
-                         ["--frames", "4,8", "--repeats", "2"])
+                         ["--frames", "4,8", "--repeats", "2"], "0.5")
         return Sizes("moshi-7b", ENGINE_TESTS, BF16_TESTS, "tiny,moshi-7b", 64, "0,16,64,256,600", 30,
-                     "64,48,32,16,4,1", 256, 30, 1, "moshi-7b", 16, 15.0, [], "16,64,256,600", 200, [])
+                     "64,48,32,16,4,1", 256, 30, 1, "moshi-7b", 16, 15.0, [], "16,64,256,600", 200, [], "1,4")
 
 
 @dataclass
@@ -175,7 +177,7 @@ def phases(args: argparse.Namespace, sizes: Sizes) -> list[Phase]:
 
     return [
         Phase("environment", 0, 60, inline=lambda: environment(device)),  # always: it explains the rest
-        Phase("engine, batch and codec tests (float32, TF32 off)", 30, 150,
+        Phase("engine, batch and codec tests (float32, TF32 off)", 30, 200,
               pytest(sizes.engine_tests), test_env),
         Phase("bf16 tolerance tests", 20, 90, pytest(sizes.bf16_tests), test_env),
         Phase("one-pass vs stepwise, graphed vs eager", 30, 120,
@@ -196,6 +198,9 @@ def phases(args: argparse.Namespace, sizes: Sizes) -> list[Phase]:
                          "--frames", str(sizes.kyutai_frames), "--json", str(s / "kyutai.json")],
               result_file="kyutai.json"),
         Phase("bench load (real server)", 60, 180, load, batch_env, result_file="load.json"),
+        Phase(WINDOW_PHASE, 40, 150,
+              lambda s: [py, __file__, "window", "--device", device, "--profile", sizes.profile, "--minutes",
+                         sizes.window_minutes, "--json", str(s / "window.json")], result_file="window.json"),
         Phase("bench batch, eager", 40, 120, lambda s: batch(s, "batch_eager.json", "one-pass"),
               {"NO_CUDA_GRAPH": "1", **batch_env}, result_file="batch_eager.json"),
         Phase("profile of a span + step", 30, 90,
@@ -294,6 +299,7 @@ def target_rows(results: dict[str, PhaseResult]) -> list[dict[str, Any]]:
 
 
 KYUTAI_PHASE = "Kyutai's per-frame work (moshi LMGen, batch 1)"
+WINDOW_PHASE = "window refill and history replay"
 
 
 def anchor(results: dict[str, PhaseResult]) -> dict[str, Any] | None:
@@ -360,6 +366,15 @@ def markdown(report: dict[str, Any]) -> str:
         else:
             lines.append(f"| sessions x frames per second (capacity) | {a['kyutai_frames_per_s']:.0f} | not measured "
                          "(the batch phase failed) | - |")
+    window = next((p for p in report["phases"] if p["name"] == WINDOW_PHASE and p.get("data")), None)
+    if window:
+        lines += ["", "| conversation | history | replay into a fresh engine (P50) | refill of the window after the "
+                  "prefix (P50) |", "|---|---|---|---|"]
+        for r in window["data"]["rows"]:
+            refill = (f"{_ms(r['refill']['p50_ms'])} ({r['refill_keep_frames']} frames)" if "refill" in r
+                      else "not measured")
+            lines.append(f"| {r['minutes']:g} min ({r['frames']} frames) | {r['history_bytes'] / 1024:.0f} KiB, "
+                         f"{r['bytes_per_s']:.0f} B/s | {_ms(r['replay']['p50_ms'])} | {refill} |")
     lines += ["", "| phase | outcome | seconds | call |", "|---|---|---|---|"]
     for phase in report["phases"]:
         why = f" ({phase['why'][:160]})" if phase["why"] else ""
@@ -532,6 +547,64 @@ def profile(args: argparse.Namespace) -> int:
     return 0
 
 
+# window -----------------------------------------------------------------------------------------------------------
+def window(args: argparse.Namespace) -> int:
+    """What a long call costs on the random 7B: a session's history written to bytes and replayed into a fresh engine
+    (issue 36: resume), and a full window refilled after its prefix (issue 37: the window that keeps the persona),
+    each timed between device syncs after a conversation of `--minutes` (prefix, then spans up to that length)."""
+    import torch
+
+    from benchmarks.span_latency import span_of_frames, summarise
+    from frontend_model.engine.calibration import device_sync, time_call
+    from frontend_model.engine.engine import GREEDY, Engine
+    from frontend_model.engine.history import SessionHistory, replay, start_recording
+    from frontend_model.engine.window import refill_window
+    from frontend_model.loading.loader import load_model
+    from frontend_model.span.build import build_prefix
+    from server.settings import ServerSettings
+
+    model = load_model(args.profile, device=args.device, reduced=args.reduced)
+    sync, user = device_sync(model.device), torch.tensor(model.span.sine_codes)
+    max_span = ServerSettings().max_span_frames
+    prefix = build_prefix("You are a helpful travel assistant called Ada.", model.tokenizer, model.span, None,
+                          model.lm.delays)
+    assert prefix is not None
+    result: dict[str, Any] = {"profile": args.profile, "device": str(model.device), "rows": []}
+    for minutes in args.minutes:
+        frames = round(minutes * 60 / FRAME_S)
+        with Engine(model, GREEDY, max_span_frames=max_span) as engine:
+            start_recording(engine)
+            engine.prefill(prefix)
+            prefix_frames = int(engine._state().offsets[0])
+            engine.step(user)
+            while (left := frames - int(engine._state().offsets[0])) > 2:
+                engine.inject(span_of_frames(model, min(left - 2, max_span)))
+                engine.step(user)
+            engine.step(user)
+            history = SessionHistory.of(engine)
+            blob = history.to_bytes()
+            row: dict[str, Any] = {"minutes": minutes, "frames": history.offset, "prefix_frames": prefix_frames,
+                                   "history_bytes": len(blob), "bytes_per_s": len(blob) / (history.offset * FRAME_S)}
+            context = model.lm.context or 0
+            keep = min(history.offset, context) - prefix_frames - args.margin
+            if keep > 0 and history.offset <= context + max_span:
+                columns = history.columns[:, -keep:]
+                row["refill_keep_frames"] = keep
+                row["refill"] = summarise([time_call(partial(refill_window, engine, 0, prefix_frames, columns), sync)
+                                           for _ in range(args.repeats)])
+                row["step_after_refill"] = summarise([time_call(lambda: engine.step(user), sync)])
+        replays, after = [], []
+        for _ in range(args.repeats):
+            with Engine(model, GREEDY, max_span_frames=max_span) as fresh:
+                replays.append(time_call(lambda f=fresh, b=blob: replay(f, SessionHistory.from_bytes(b)), sync))
+                after.append(time_call(lambda f=fresh: f.step(user), sync))
+        row["replay"], row["step_after_replay"] = summarise(replays), summarise(after)
+        result["rows"].append(row)
+        print(json.dumps(row), flush=True)
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -554,6 +627,14 @@ def main(argv: list[str] | None = None) -> int:
     prof.add_argument("--frames", type=lambda v: [int(x) for x in v.split(",")], default=[16, 256])
     prof.add_argument("--repeats", type=int, default=10)
     prof.add_argument("--json", type=Path, required=True)
+    win = commands.add_parser("window", help="a history's replay and a window's refill after a long conversation")
+    win.add_argument("--device", default="cuda")
+    win.add_argument("--profile", default="moshi-7b")
+    win.add_argument("--reduced", action="store_true", help="the tiny widths (a CPU)")
+    win.add_argument("--minutes", type=lambda v: [float(x) for x in v.split(",")], default=[1.0, 4.0])
+    win.add_argument("--margin", type=int, default=64, help="frames of the context left free after a refill")
+    win.add_argument("--repeats", type=int, default=3)
+    win.add_argument("--json", type=Path, required=True)
     table = commands.add_parser("table", help="put a results file's table between the markers of a Markdown file")
     table.add_argument("results", type=Path, nargs="+", help="one run's results, or several of one lease in order")
     table.add_argument("--write", type=Path, default=ROOT / "benchmarks" / "README.md")
@@ -565,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
         args.device = "cpu" if args.dry_run else "cuda"
     if args.command == "profile":
         return profile(args)
+    if args.command == "window":
+        return window(args)
     return run(args) if args.command == "run" else equivalence(args)
 
 
