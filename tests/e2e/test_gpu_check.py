@@ -22,7 +22,7 @@ SCRIPT = str(ROOT / "scripts" / "gpu_check.sh")
 PHASES = ["environment", "engine, batch and codec tests (float32, TF32 off)", "bf16 tolerance tests",
           "one-pass vs stepwise, graphed vs eager", "Context Spanning layout at 7B (checkpoint path)", "bench span",
           "bench batch, CUDA graphs", "Kyutai's per-frame work (moshi LMGen, batch 1)", "bench load (real server)",
-          "bench batch, eager", "profile of a span + step"]
+          "window refill and history replay", "bench batch, eager", "profile of a span + step"]
 sys.path.insert(0, str(ROOT / "scripts"))
 from gpu_machine import LIMIT_MIB, lacking, wheel_name  # noqa: E402
 
@@ -83,11 +83,14 @@ def test_dry_run_from_a_python_laid_out_as_the_machines_exercises_every_phase(wh
     assert layout["layout"] == "contextspan" and layout["equivalence"]["passed"]
     assert phases["bench span"]["data"]["rows"][0]["frames"] == 0
     assert phases["bench load (real server)"]["data"]["sessions"] in (1, 2)  # chosen from the batch phase
+    [window] = phases["window refill and history replay"]["data"]["rows"]
+    assert window["replay"]["runs"] and window["refill"]["runs"] and 0 < window["refill_keep_frames"] < window["frames"]
     assert len(report["targets"]) == 4 and all(t["p99_ms"] is not None for t in report["targets"])
     anchor = report["anchor"]
     assert anchor["capacity_ratio"] == pytest.approx(anchor["ours_frames_per_s"] / anchor["kyutai_frames_per_s"])
     table = (out / results.replace(".json", ".md")).read_text()
-    assert "| sessions x frames per second (capacity) |" in table and table.count("| passed |") == len(PHASES)
+    assert "| sessions x frames per second (capacity) |" in table and "| 0.5 min (375 frames) |" in table
+    assert table.count("| passed |") == len(PHASES)
     log = (out / "gpu_check.log").read_text().splitlines()
     summary = log[log.index(next(line for line in log if line.startswith("=== summary"))):]
     assert sum(line.strip().startswith("passed") for line in summary) == len(PHASES)
