@@ -57,6 +57,9 @@ NOT_HONOURED = {
 # The session's conditions that are no fault of the client's event: never `error` (Pipecat ends its session on most
 # errors). A failed ASR is the protocol's own `...input_audio_transcription.failed`; the rest are logged.
 NOT_THE_CLIENTS_FAULT = frozenset({"asr_failed", "tool_result_late", "app_spans_off", "span_rate_limited"})
+# OpenAI's own words: LiveKit's AgentSession cancels on every interruption, open response or not, and ignores this
+# error by its message (Pipecat by its code); in other words it is logged as the server's error.
+CANCEL_NOT_ACTIVE = "Cancellation failed: no active response found"
 
 
 @dataclass
@@ -383,7 +386,7 @@ class RealtimeWire:
     def _cancel(self, event: rt.ResponseCancelEvent) -> list[Inbound]:
         response = self._response
         if response is None or (event.response_id is not None and event.response_id != response.id):
-            raise rt.RealtimeError("response_cancel_not_active", "no response is open to cancel", event.event_id,
+            raise rt.RealtimeError("response_cancel_not_active", CANCEL_NOT_ACTIVE, event.event_id,
                                    "response_id")
         self._close_response("cancelled", rt.CancelledDetails())
         return []

@@ -206,6 +206,19 @@ def test_a_response_create_before_the_session_is_ready_is_carried_by_its_first_r
     assert types(sent(queue)) == ["response.output_audio.delta"]
 
 
+def test_a_second_cancel_is_refused_in_openais_words_which_livekits_agentsession_ignores() -> None:
+    """AgentSession sends `response.cancel` on every interruption; its plugin drops the error only by this message."""
+    w, queue = ready()
+    w.inbound(message({"type": "response.cancel"}))
+    sent(queue)
+    with pytest.raises(p.ProtocolError) as raised:
+        w.inbound(message({"type": "response.cancel", "event_id": "e2"}))
+    w.event(p.ErrorEvent(t=0.0, code=raised.value.code, message=str(raised.value)))
+    (error,) = sent(queue)
+    assert error["error"]["code"] == "response_cancel_not_active"
+    assert error["error"]["message"].startswith("Cancellation failed")
+
+
 def test_after_a_cancel_a_response_create_opens_a_response_at_the_next_frame() -> None:
     w, queue = ready()
     w.inbound(message({"type": "response.cancel"}))
