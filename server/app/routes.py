@@ -358,7 +358,8 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
         voices = sorted(model.voice_prompts) if model else []
         name = model.profile if model else ""
         await open_session(ws, state, credential, lambda queue: RealtimeWire(
-            queue, dialect, name, voices, settings.max_persona_chars), api_key_accepted=True)
+            queue, dialect, name, voices, settings.max_persona_chars, settings.client_tool_deadline_s),
+            api_key_accepted=True)
 
     if settings.web_client:
         app.mount("/", StaticFiles(directory=web_client_dir(), html=True), name="web_client")

@@ -62,9 +62,10 @@ class ClientTools:
         finally:
             self._pending.pop(call_id, None)
             self._ended.append(call_id)
-        if not output.strip():
+        text = readable(output)
+        if not text.strip():
             raise ToolError("the client's tool answered with no text")
-        return ToolResult(output, f"client:{name}")
+        return ToolResult(text, f"client:{name}")
 
     def detach(self) -> None:
         """At the session's end: calls still waiting fail, and the callbacks into the session are dropped (they
@@ -82,6 +83,29 @@ class ClientTools:
                                       "(or after the retrieval ended): dropped")
             raise p.ProtocolError("unknown_call", f"no tool call {call_id[:100]!r} was made in this session")
         future.set_result(output)
+
+
+def readable(output: str) -> str:
+    """A tool's output as words to say. Frameworks send what a function returned as JSON (Pipecat a string as
+    `"Sunny."`, a dict as an object): a JSON value is read as what it holds, an object as `key: value` pairs in
+    order (nulls left out), a list as its items; text that is not JSON is said as it is."""
+    try:
+        value = json.loads(output)
+    except ValueError:
+        return output
+    return _words(value)
+
+
+def _words(value: Any) -> str:
+    if isinstance(value, dict):
+        return "; ".join(f"{key}: {_words(item)}" for key, item in value.items() if item is not None)
+    if isinstance(value, list):
+        return ", ".join(_words(item) for item in value)
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
 
 
 def _nothing(_: p.ServerEvent) -> None:

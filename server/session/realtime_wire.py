@@ -11,8 +11,14 @@ one opens at once. One response is the silence before an agent turn and that tur
 response is done and one carrying the request's metadata opens, which the agent's next turn fills (LiveKit waits for
 that `response.created`). `response.cancel` ends the open response as cancelled; the rest of that speech is not sent,
 and the next response opens at the agent's first silent frame. A client tool call is a `function_call` item that ends
-the open response (a client runs its tools once the response is done, then sends the output and
-`response.create`); the next response opens at once. `usage` counts 80 ms frames as tokens.
+the open response, and the client's turn begins: a client runs its tools once the response is done and its speech
+played, then sends the output and `response.create` (LiveKit's AgentSession sends the output only once no response
+is open: "most realtime models don't support generating multiple responses at the same time"). So no response opens
+until the output is in and `response.create` comes; the agent's frames from the output on are held and open the
+next response, at `response.create` or `OUTPUT_WAIT_FRAMES` after the output (a client that never asks, as a
+Pipecat pipeline without its aggregators); what the agent said before the output (filler while the tool ran) is not
+sent. A call whose output never comes ends the wait at the client tool deadline. `usage` counts 80 ms frames as
+tokens.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Literal
 import numpy as np
 from starlette.types import Message
 
-from frontend_model.frame import FRAME_SAMPLES
+from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from server.session.wire import AudioIn, ClearInput, CommitInput, Inbound
 from server.wire import protocol as p
 from server.wire import realtime as rt
@@ -39,6 +45,8 @@ TURN_END_FRAMES = 10
 # A response the agent speaks in for this long (30 s) without pausing is done, and its turn goes on in the next: a
 # client waits for `response.done` (Pipecat's end of an LLM response, LiveKit's generation).
 MAX_RESPONSE_FRAMES = 375
+# After a client tool's output is in, the agent's frames are held this long (1 s) for the client's `response.create`.
+OUTPUT_WAIT_FRAMES = 13
 # What a full-duplex model does not take from `session.update`, and why: reported in `session.updated`.
 NOT_HONOURED = {
     "turn_detection": "the model hears and speaks at once and takes turns itself; speech_started / speech_stopped "
@@ -77,6 +85,19 @@ class _Response:
 
 
 @dataclass
+class _ToolWait:
+    """The client's turn after its tool calls: from the calls until their outputs and its `response.create`."""
+
+    calls: set[str]  # call ids whose output the client owes
+    frames_left: int  # until the client tool deadline
+    held: list[np.ndarray | str] = field(default_factory=list)  # agent frames and text since the outputs came in
+
+    @property
+    def answered(self) -> bool:
+        return not self.calls
+
+
+@dataclass
 class _Config:
     """What the session runs with, as `session.created` and `.updated` report it."""
 
@@ -96,16 +117,19 @@ class RealtimeWire:
     reprefills = True
 
     def __init__(self, outbound: OutboundQueue, dialect: rt.Dialect, model: str, voices: list[str],
-                 max_persona_chars: int = 2000) -> None:
-        """`model`: what `session.created` names; `voices`: the served model's voice prompts."""
+                 max_persona_chars: int = 2000, client_tool_deadline_s: float = 10.0) -> None:
+        """`model`: what `session.created` names; `voices`: the served model's voice prompts;
+        `client_tool_deadline_s`: the longest a client's turn after a tool call lasts without its output."""
         self.outbound = outbound
         self.dialect = dialect
         self.model = model
         self.voices = voices
         self.max_persona_chars = max_persona_chars
+        self.tool_wait_frames = max(1, round(client_tool_deadline_s / FRAME_S))
         self.session_id = rt.new_id("sess")
         self._audio_part: Literal["output_audio", "audio"] = "output_audio" if dialect == "ga" else "audio"
-        self._response: _Response | None = None  # None before the session is ready and after a cancel
+        self._response: _Response | None = None  # None before the session is ready, after a cancel or a tool call
+        self._tool_wait: _ToolWait | None = None
         self._quiet = 0  # silent agent frames in a row
         self._requested: dict[str, str] | None = None  # metadata of a response.create, for the next response
         self._create_pending = False  # a response.create not yet answered: at the next frame
@@ -134,26 +158,44 @@ class RealtimeWire:
         silent = is_silent(pcm)
         if silent:
             self._quiet += 1
-            if self._response is None and self._ready:
-                self._open_response()  # the agent paused after a cancel
         else:
             self._heard()
+        wait = self._tool_wait
+        if wait is not None:
+            wait.frames_left -= 1
+            if wait.answered or wait.frames_left <= 0:
+                wait.held.append(pcm)
+            if wait.frames_left > 0 and len(wait.held) < OUTPUT_WAIT_FRAMES:
+                return True  # the client's turn
+            return self._open_response()  # the held frames, this one last, go out in it
+        if self._response is None and silent and self._ready:
+            self._open_response()  # the agent paused after a cancel
         response = self._response
         if response is None:
             return True  # the rest of a cancelled turn
-        sent = self._send(rt.ResponseOutputAudioDelta(response_id=response.id, item_id=response.item_id,
-                                                      delta=rt.encode_audio(pcm)), "audio")
-        response.frames += 1
+        sent = self._delta(response, pcm)
         if response.spoke and (self._quiet == TURN_END_FRAMES or response.frames >= MAX_RESPONSE_FRAMES):
             self._close_response("completed")
             self._open_response()
         return sent
 
+    def _delta(self, response: _Response, pcm: np.ndarray) -> bool:
+        response.frames += 1
+        return self._send(rt.ResponseOutputAudioDelta(response_id=response.id, item_id=response.item_id,
+                                                      delta=rt.encode_audio(pcm)), "audio")
+
     def agent_text(self, piece: str) -> None:
         self._heard()
+        if self._tool_wait is not None:
+            if self._tool_wait.answered:
+                self._tool_wait.held.append(piece)
+            return
         response = self._response
         if response is None:
             return
+        self._text(response, piece)
+
+    def _text(self, response: _Response, piece: str) -> None:
         response.transcript.append(piece)
         self._send(rt.ResponseOutputAudioTranscriptDelta(response_id=response.id, item_id=response.item_id,
                                                          delta=piece))
@@ -164,9 +206,12 @@ class RealtimeWire:
         if self._response is not None:
             self._response.spoke = True
 
-    def _open_response(self) -> _Response:
+    def _open_response(self) -> bool:
+        """A response opens, with what the agent said while the client's turn ended; False where the send queue
+        refused a frame of it."""
         response = self._response = _Response(rt.new_id("resp"), rt.new_id("item"), self._requested)
         self._requested, self._create_pending = None, False
+        wait, self._tool_wait = self._tool_wait, None
         self._send(rt.ResponseCreated(response=rt.Response(id=response.id, status="in_progress",
                                                            metadata=response.metadata)))
         item = rt.MessageItem(id=response.item_id, role="assistant", status="in_progress", content=[])
@@ -174,7 +219,13 @@ class RealtimeWire:
         self._add_item(item)
         self._send(rt.ResponseContentPartAdded(response_id=response.id, item_id=response.item_id,
                                                part=rt.AudioPart(transcript="")))
-        return response
+        sent = True
+        for held in wait.held if wait is not None else []:
+            if isinstance(held, str):
+                self._text(response, held)
+            else:
+                sent = self._delta(response, held) and sent
+        return sent
 
     def _close_response(self, status: Literal["completed", "cancelled"],
                         details: rt.CancelledDetails | None = None) -> None:
@@ -208,9 +259,9 @@ class RealtimeWire:
         self._send(rt.ConversationItemDone(item=item))
 
     def _tool_call(self, call: p.ToolCall) -> None:
-        """A client tool call: a `function_call` item that ends the open response, the next opening at once (every
-        frame's delta belongs to a response); after a cancel (the rest of that turn stays unsent) a response of its
-        own."""
+        """A client tool call: a `function_call` item that ends the open response (after a cancel, or in the
+        client's turn after another call, a response of its own); the client's turn lasts until its outputs and
+        `response.create`."""
         response = self._response
         if response is None:
             response_id, output_index = rt.new_id("resp"), 0
@@ -235,7 +286,9 @@ class RealtimeWire:
         else:
             response.calls.append(item)
             self._close_response("completed")
-            self._open_response()
+        if self._tool_wait is None:
+            self._tool_wait = _ToolWait(set(), self.tool_wait_frames)
+        self._tool_wait.calls.add(call.call_id)
 
     def _user_utterance(self) -> str:
         """The user item that the utterance being transcribed becomes, added when it starts."""
@@ -410,6 +463,8 @@ class RealtimeWire:
             raise rt.RealtimeError("invalid_value", "a function_call_output item needs call_id and output",
                                    event.event_id, "item")
         # Added at once, even when too late for its span: the output is still the client's, in its conversation.
+        if self._tool_wait is not None:
+            self._tool_wait.calls.discard(item.call_id)
         added = rt.FunctionCallOutputItem(id=item_id, call_id=item.call_id, output=item.output)
         self._add_item(added)
         self._item_done(added)

@@ -1,9 +1,13 @@
 """LiveKit Agents' OpenAI realtime plugin (`livekit-plugins-openai`, unmodified) against a real server on loopback:
-its `RealtimeSession` driven as `AgentSession` drives it, without a LiveKit server (none runs here)."""
+`AgentSession` itself with an `Agent` and its function tool, the room's audio replaced by a microphone and a
+speaker of the test's own (no LiveKit server runs here), and its `RealtimeSession` driven as `AgentSession` drives it
+for what a test must time exactly."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +22,9 @@ from .servers import RunningServer, start_server, stop_server
 pytest.importorskip("livekit.plugins.openai", reason="livekit-plugins-openai is a test extra")
 
 from livekit import rtc
+from livekit.agents import Agent, AgentSession, function_tool
 from livekit.agents import llm as livekit_llm
+from livekit.agents.voice import io as livekit_io
 from livekit.plugins import openai as livekit_openai
 
 from benchmarks.fakes.fake_openai import fake_openai
@@ -194,3 +200,100 @@ def test_a_livekit_function_tool_that_takes_4_s_and_a_typed_question_are_answere
     asyncio.run(converse())
     assert calls == ["get_weather", "get_weather"]
     assert len(injected) == 2 and all(text.startswith("Sunny and twenty-one degrees") for text in injected)
+
+
+class Microphone(livekit_io.AudioInput):
+    """What a room's track gives AgentSession: 80 ms frames in real time, the speech and then silence."""
+
+    def __init__(self, speech: np.ndarray) -> None:
+        super().__init__(label="test microphone")
+        self.pcm, self.at = (speech * 32767).astype("<i2"), 0
+
+    async def __anext__(self) -> rtc.AudioFrame:
+        await asyncio.sleep(FRAME_S)
+        chunk, self.at = self.pcm[self.at:self.at + FRAME_SAMPLES], self.at + FRAME_SAMPLES
+        data = chunk.tobytes() if len(chunk) == FRAME_SAMPLES else bytes(2 * FRAME_SAMPLES)
+        return rtc.AudioFrame(data, SAMPLE_RATE, 1, FRAME_SAMPLES)
+
+
+class Speaker(livekit_io.AudioOutput):
+    """A sink that plays at once: it counts the agent's samples and ends each segment it was given."""
+
+    def __init__(self) -> None:
+        super().__init__(label="test speaker", capabilities=livekit_io.AudioOutputCapabilities(pause=False),
+                         sample_rate=SAMPLE_RATE)
+        self.samples, self.segment = 0, 0
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+        self.samples += frame.samples_per_channel
+        self.segment += frame.samples_per_channel
+
+    def flush(self) -> None:
+        super().flush()
+        self._finished(interrupted=False)
+
+    def clear_buffer(self) -> None:
+        self._finished(interrupted=True)
+
+    def _finished(self, interrupted: bool) -> None:
+        if self.segment:
+            self.on_playback_finished(playback_position=self.segment / SAMPLE_RATE, interrupted=interrupted)
+            self.segment = 0
+
+
+def spans(server: RunningServer) -> list[dict[str, object]]:
+    """The spans the server injected or dropped so far, from its session recordings (flushed every second)."""
+    return [event for path in server.recordings.glob("*.jsonl") for line in path.read_text().splitlines()
+            if (event := json.loads(line))["type"] in ("span.injected", "span.dropped")]
+
+
+def test_an_agent_session_asks_its_function_tool_and_the_answer_is_said_with_no_error(tool_server: RunningServer,
+                                                                                       tmp_path: Path) -> None:
+    """An `Agent` with a function tool in an `AgentSession` over /v1/realtime, as a LiveKit user writes it: the
+    user's spoken question is transcribed, the session runs the tool the backend chose, and its output is injected
+    as a span under the deployed deadlines; interruptions (`response.cancel` whether or not a response is open)
+    raise no error."""
+    speech = np.concatenate([silence(1.0), speak("What is the weather like in Paris today?", tmp_path / "q.wav"),
+                             silence(1.0)])
+    places: list[str] = []
+    heard: list[str] = []
+    errors: list[str] = []
+    before = len(spans(tool_server))
+
+    class WeatherAgent(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You are a helpful weather assistant.")
+
+        @function_tool
+        async def get_weather(self, place: str) -> str:
+            """The weather now in a place."""
+            places.append(place)
+            await asyncio.sleep(2.0)  # a real tool: an HTTP call
+            return "Sunny and 21 degrees."
+
+    async def converse() -> int:
+        model = livekit_openai.realtime.RealtimeModel(base_url=f"{tool_server.http}/v1", api_key=KEY,
+                                                      model="contextspan")
+        session = AgentSession(llm=model)
+        speaker = Speaker()
+        session.input.audio, session.output.audio = Microphone(speech), speaker
+        session.on("user_input_transcribed", lambda event: heard.append(event.transcript) if event.is_final else None)
+        session.on("error", lambda event: errors.append(str(event.error)))
+        await session.start(WeatherAgent(), record=False)
+        try:
+            deadline = time.monotonic() + 90  # Whisper on a busy 2-core host, then the tool
+            while len(spans(tool_server)) == before and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+            return speaker.samples
+        finally:
+            await session.aclose()
+
+    played = asyncio.run(converse())
+    assert not errors
+    assert heard and "weather" in heard[-1].lower()
+    assert places == ["Paris"]
+    (span,) = spans(tool_server)[before:]
+    assert span["type"] == "span.injected" and str(span["text"]).startswith("Sunny and twenty-one degrees"), span
+    assert span["source"] == "client:get_weather"
+    assert played > 0  # the agent's voice reached the session's output

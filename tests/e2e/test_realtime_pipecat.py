@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmarks.fakes.fake_openai import fake_openai
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
 from tests.support.speech import silence, speak
 
@@ -125,3 +127,56 @@ def test_pipecats_session_survives_every_condition_that_is_not_its_fault(failing
     log = failing_asr_server.log.read_text()
     assert "injected ASR fault" in log or "asr_failed" in log
     assert "app_spans_off" in log
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """Deployed deadlines; a question in the user's final transcript starts a retrieval, and the backend's LLM (a
+    fake on loopback) always picks the client's weather tool."""
+    with fake_openai() as (url, script):
+        script.mode, script.tool, script.arguments = "tool_call", "get_weather", {"place": "Paris"}
+        running = start_server(tmp_path_factory.mktemp("tools"), "--max-sessions", "1", "--api-keys", KEY,
+                               "--trigger", "asr", "--llm-base-url", url, "--llm-model", "fake",
+                               faults="agent_listens@6")
+        yield running
+        stop_server(running)
+
+
+def test_a_pipecat_function_is_called_and_its_result_said_as_a_span(tool_server: RunningServer,
+                                                                     tmp_path: Path) -> None:
+    """A function registered with `register_function`, its schema in the session's tools, as a Pipecat user writes
+    it: the backend's call reaches the handler with its arguments, and the dict the handler gives Pipecat's callback
+    (sent as JSON) is injected as a span of its words; no ErrorFrame."""
+    from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
+    from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
+    from pipecat.services.llm_service import FunctionCallParams
+    from pipecat.services.openai.realtime.events import SessionProperties
+
+    speech = np.concatenate([silence(0.5), speak("What is the weather like in Paris today?", tmp_path / "q.wav"),
+                             silence(1.0)])
+    # The microphone goes on (the wire is the server's clock): the final transcript from a busy host's Whisper,
+    # then the tool, then the span.
+    frames = paced(np.concatenate([speech, silence(25.0)]))
+    weather = FunctionSchema(name="get_weather", description="The weather now in a place.",
+                             properties={"place": {"type": "string"}}, required=["place"])
+    llm = OpenAIRealtimeLLMService(api_key=KEY, base_url=f"{tool_server.ws}/v1/realtime?model=contextspan",
+                                   settings=OpenAIRealtimeLLMService.Settings(session_properties=SessionProperties(
+                                       tools=ToolsSchema(standard_tools=[weather]))))
+    places: list[str] = []
+
+    async def get_weather(params: FunctionCallParams) -> None:
+        places.append(params.arguments["place"])
+        await asyncio.sleep(2.0)  # a real tool: an HTTP call
+        await params.result_callback({"conditions": "Sunny", "temperature": "21 degrees"})
+
+    llm.register_function("get_weather", get_weather)
+    down, up = asyncio.run(run_test(llm, frames_to_send=frames, pipeline_params=PipelineParams(
+        audio_in_sample_rate=SAMPLE_RATE, audio_out_sample_rate=SAMPLE_RATE), start_timeout=30.0))
+
+    errors = [f.error for f in [*down, *up] if isinstance(f, ErrorFrame)]
+    assert not errors, errors
+    assert places == ["Paris"]
+    spans = [event for path in tool_server.recordings.glob("*.jsonl") for line in path.read_text().splitlines()
+             if (event := json.loads(line))["type"] in ("span.injected", "span.dropped")]
+    assert [(span["type"], span["source"]) for span in spans] == [("span.injected", "client:get_weather")], spans
+    assert str(spans[0]["text"]).startswith("conditions: Sunny; temperature: twenty-one degrees"), spans

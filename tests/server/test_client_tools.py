@@ -15,7 +15,7 @@ from backend_agent.asr.streaming import Transcript
 from backend_agent.context_store import ContextStore
 from backend_agent.llm_client import ChatClient, LLMConfig
 from benchmarks.fakes.fake_openai import fake_openai
-from server.session.client_tools import ClientTools
+from server.session.client_tools import ClientTools, readable
 from server.session.retrieval import Retrieval, RetrievalConfig, SpanAnswer
 from server.wire import protocol as p
 
@@ -44,6 +44,17 @@ def test_an_answer_by_call_id_is_the_tool_result_and_a_second_one_is_late() -> N
         assert unknown.value.code == "unknown_call"
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize(("output", "said"), [
+    ('"Sunny and 21 degrees."', "Sunny and 21 degrees."),  # Pipecat's result_callback("Sunny and 21 degrees.")
+    ('{"conditions": "sunny", "temperature_c": 21, "wind": null}', "conditions: sunny; temperature_c: 21"),
+    ('["rain", "wind"]', "rain, wind"),
+    ("21", "21"),
+    ("Sunny, {not JSON}.", "Sunny, {not JSON}."),
+])
+def test_a_json_output_is_said_as_what_it_holds_and_plain_text_as_it_is(output: str, said: str) -> None:
+    assert readable(output) == said
 
 
 def test_the_agent_waits_for_a_client_tool_no_longer_than_its_deadline() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from frontend_model.frame import FRAME_SAMPLES
-from server.session.realtime_wire import MAX_RESPONSE_FRAMES, TURN_END_FRAMES, RealtimeWire
+from frontend_model.frame import FRAME_S, FRAME_SAMPLES
+from server.session.realtime_wire import MAX_RESPONSE_FRAMES, OUTPUT_WAIT_FRAMES, TURN_END_FRAMES, RealtimeWire
 from server.session.wire import AudioIn, ClearInput, CommitInput
 from server.wire import protocol as p
 from server.wire import realtime as rt
@@ -406,8 +406,8 @@ def test_a_text_item_is_added_once_the_session_takes_it_and_never_when_it_refuse
     assert done["item"]["role"] == role and done["item"]["content"] == [{"type": "input_text", "text": "Taken."}]
 
 
-def test_a_tool_call_is_a_function_call_item_that_ends_the_open_response_and_the_next_opens_at_once() -> None:
-    """LiveKit runs a response's tools once it is done, then sends their output and `response.create`."""
+def test_a_tool_call_is_a_function_call_item_that_ends_the_open_response_and_begins_the_clients_turn() -> None:
+    """LiveKit's AgentSession sends a tool's output only once no response is open, then `response.create`."""
     w, queue = ready()
     w.audio(LOUD)
     first = sent(queue)[0]["response_id"]
@@ -415,15 +415,61 @@ def test_a_tool_call_is_a_function_call_item_that_ends_the_open_response_and_the
     events = sent(queue)
     assert types(events) == ["response.output_item.added", "conversation.item.added",
                              "response.function_call_arguments.delta", "response.function_call_arguments.done",
-                             "response.output_item.done", "conversation.item.done", *CLOSED, *OPENED]
+                             "response.output_item.done", "conversation.item.done", *CLOSED]
     done = events[3]
     assert (done["call_id"], done["name"], json.loads(done["arguments"])) == ("call_1", "get_weather",
                                                                             {"place": "Paris"})
     assert {e.get("output_index", 1) for e in events[:6]} == {1}  # after the agent's message, output 0
-    response = events[11]["response"]
+    response = events[-1]["response"]
     assert response["id"] == first and [item["type"] for item in response["output"]] == ["message", "function_call"]
+    for _ in range(20):  # the tool runs: what the agent says meanwhile is not sent
+        w.audio(LOUD)
+        w.agent_text(" wait")
+    assert sent(queue) == []
+
+
+def test_the_agent_is_heard_again_from_the_tools_output_in_the_response_the_client_creates() -> None:
+    w, queue = ready()
+    w.event(p.ToolCall(t=1.0, call_id="call_1", name="get_weather", arguments="{}"))
     w.audio(LOUD)
-    assert sent(queue)[0]["response_id"] == events[12]["response"]["id"] != first
+    w.inbound(message({"type": "conversation.item.create", "item": {
+        "type": "function_call_output", "call_id": "call_1", "output": "Sunny."}}))
+    w.audio(LOUD)  # the answer begins: held for the client's response.create
+    w.agent_text(" Sunny")
+    sent(queue)
+    w.inbound(message({"type": "response.create", "response": {"metadata": {"client_event_id": "r1"}}}))
+    assert sent(queue) == []
+    w.audio(QUIET)
+    events = sent(queue)
+    assert types(events) == [*OPENED, "response.output_audio.delta", "response.output_audio_transcript.delta",
+                             "response.output_audio.delta"]
+    assert events[0]["response"]["metadata"] == {"client_event_id": "r1"}
+    assert base64.b64decode(events[4]["delta"]) != base64.b64decode(events[6]["delta"])  # held frame, then this one
+
+
+def test_a_client_that_never_asks_hears_the_agent_a_second_after_its_output_and_one_without_output_at_its_deadline(
+) -> None:
+    w, queue = ready()
+    w.event(p.ToolCall(t=1.0, call_id="call_1", name="get_weather", arguments="{}"))
+    w.inbound(message({"type": "conversation.item.create", "item": {
+        "type": "function_call_output", "call_id": "call_1", "output": "Sunny."}}))
+    sent(queue)
+    for _ in range(OUTPUT_WAIT_FRAMES - 1):
+        w.audio(LOUD)
+    assert sent(queue) == []
+    w.audio(LOUD)
+    assert types(sent(queue)) == [*OPENED, *["response.output_audio.delta"] * OUTPUT_WAIT_FRAMES]
+
+    w = RealtimeWire(OutboundQueue(1000), "ga", "tiny", ["alice"], client_tool_deadline_s=2.0)
+    w.event(READY)
+    w.event(p.ToolCall(t=1.0, call_id="call_1", name="get_weather", arguments="{}"))
+    queue = w.outbound
+    sent(queue)
+    for _ in range(round(2.0 / FRAME_S) - 1):
+        w.audio(LOUD)
+    assert sent(queue) == []
+    w.audio(LOUD)
+    assert types(sent(queue)) == [*OPENED, "response.output_audio.delta"]
 
 
 def test_after_a_cancel_a_tool_call_is_a_response_of_its_own() -> None:
@@ -528,6 +574,8 @@ def every_event_the_wire_sends(dialect: rt.Dialect) -> list[dict[str, Any]]:
         for item in w.inbound(message(event)):
             w.accepted(item)
     w.event(p.ToolCall(t=1.0, call_id="c", name="get_weather", arguments="{}"))
+    w.inbound(message({"type": "response.create"}))  # the client's turn ends
+    w.audio(LOUD)
     utterance(w, "What now?")
     w.event(p.ErrorEvent(t=1.6, code="asr_failed", message="RuntimeError: whisper died"))
     w.inbound(message({"type": "conversation.item.retrieve", "item_id": "item_booked"}))
