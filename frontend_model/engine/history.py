@@ -200,7 +200,7 @@ def replay(engine: Engine, history: SessionHistory, slot: int = 0, embeddings: t
             1, embedded, -1)
     for positions in _positions(engine):
         positions[lo:hi] = history.start
-    for chunk in x.split(engine.max_span_frames, dim=1):
+    for chunk in x.split(engine.max_span_frames, dim=1) if x.shape[1] else ():  # a session that never stepped
         engine._forward(chunk, one_pass=True)
     offset = history.offset
     state.cache[lo, :, offset % state.cache.shape[2]] = history.pending.to(device)
