@@ -93,27 +93,26 @@ class ServerState:
 
     async def drain(self, grace_s: float) -> None:
         """SIGTERM: refuse new sessions, warn the live ones, let them run, close what is left before the grace ends.
-        With a shared resume store that answers, sessions are handed over at once instead: each saves its state and
-        closes with CLOSE_RESUME_ELSEWHERE and its token, for its client to resume on another replica.
+        With a shared resume store that answers, resumable sessions (`/api/chat`'s) are handed over at once instead:
+        each saves its state and closes with CLOSE_RESUME_ELSEWHERE and its token, to resume on another replica.
 
         Closing goes through each session's normal teardown, so recordings are complete when this returns.
         """
         self.draining = True
         loop = asyncio.get_running_loop()
+        staying = list(self.sessions.values())
         resumes = self.resumes
-        if resumes is not None and resumes.shared and self.sessions:
+        if resumes is not None and resumes.shared and staying:
             await resumes.check()
             if resumes.error is None:
-                logger.info("draining: handing %d session(s) over to other replicas", len(self.sessions))
-                for session in list(self.sessions.values()):
+                handed = [session for session in staying if session.resumes is not None]
+                logger.info("draining: handing %d session(s) over to other replicas", len(handed))
+                for session in handed:
                     session.end(p.CLOSE_RESUME_ELSEWHERE, "")
-                deadline = loop.time() + grace_s
-                while self.sessions and loop.time() < deadline:
-                    await asyncio.sleep(0.02)
-                return
-        logger.info("draining %d session(s) within %.1f s", len(self.sessions), grace_s)
+                staying = [session for session in staying if session.resumes is None]
+        logger.info("draining %d session(s) within %.1f s", len(staying), grace_s)
         close_margin = min(1.0, grace_s / 2)
-        for session in list(self.sessions.values()):
+        for session in staying:
             session.notify_ending("server_shutdown", grace_s - close_margin)
         deadline = loop.time() + grace_s - close_margin
         while self.sessions and loop.time() < deadline:
@@ -414,7 +413,7 @@ async def open_session(ws: WebSocket, state: ServerState, credential: str | None
         return
     try:
         # A resume token stands in for the session token: it is signed, bound to its user and checked once accepted.
-        resuming = "resume" in ws.query_params
+        resuming = wire is None and "resume" in ws.query_params  # /v1/realtime does not resume yet
         if settings.api_keys and not resuming and not (api_key_accepted and
                                                         auth.api_key_ok(credential, settings.api_keys)):
             check = state.tokens.redeem(credential)
@@ -490,7 +489,7 @@ async def serve_session(ws: WebSocket, state: ServerState,
         await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason("not_ready", reason))
         return
     resumed = None
-    if (token := ws.query_params.get("resume")) is not None:
+    if wire is None and (token := ws.query_params.get("resume")) is not None:
         resumed = await take_over(ws, state, token)
         if resumed is None:
             return
@@ -520,7 +519,7 @@ async def serve_session(ws: WebSocket, state: ServerState,
                           ws.query_params.get("user"), state.signer if settings.api_keys else None,
                           state.trigger.trigger if state.trigger else "ret",
                           auth.app_spans_allowed(settings.app_spans, authenticated=bool(settings.api_keys)), wire,
-                          state.resumes, resumed)
+                          state.resumes if wire is None else None, resumed)  # /v1/realtime cannot resume yet
         session_id_var.set(session.id)
         state.sessions[session.id] = session
         metrics.sessions.labels("accepted").inc()

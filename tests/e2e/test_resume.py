@@ -64,7 +64,7 @@ async def across(a: RunningServer, b: RunningServer, cut: Callable[[RunningServe
 
         receiver = asyncio.create_task(receive())
         await asyncio.sleep(1.0)
-        await conversation.send(p.UserText(text=QUESTION))
+        await conversation.send(p.UserText(type="user.text", text=QUESTION))
         deadline = time.monotonic() + 10
         while not any(getattr(e, "type", "") == "span.injected" for _, e in events):
             assert time.monotonic() < deadline and not receiver.done(), events
@@ -98,7 +98,7 @@ def test_a_drained_replica_hands_its_session_over(tmp_path: Path, redis: RedisSe
     a = replica(tmp_path, redis)
     try:
         events = asyncio.run(across(a, b, lambda server: server.process.send_signal(signal.SIGTERM)))
-        a.process.wait(timeout=20)
+        a.process.wait(timeout=30)
     finally:
         stop_server(a)
     check_resumed(events, b)
@@ -146,10 +146,16 @@ def test_with_redis_down_sessions_go_on_and_resume_is_unavailable(redis: RedisSe
     async def session() -> p.SessionReady:
         async with connect(b.http, user=USER) as conversation:
             await conversation.stream_audio(np.zeros(SAMPLE_RATE, np.float32))
-            assert conversation.ready is not None
-            return conversation.ready
+            async for item in conversation:
+                if isinstance(item, p.SessionReady):
+                    return item
+        raise AssertionError(f"no session.ready: {conversation.close_code} {conversation.close_reason}")
 
     ready = asyncio.run(session())
     assert ready.resume is not None
+    deadline = time.monotonic() + 10  # its teardown tries to drop the state, which takes the store's timeout
+    while httpx.get(f"{b.http}/api/info", timeout=10).json()["sessions"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
     code, reason = asyncio.run(refused(b, ready.resume))
     assert code == p.CLOSE_RESUME_UNAVAILABLE and "resume_unavailable" in reason
