@@ -312,7 +312,7 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         if state.resumes is not None:
-            await state.resumes.check()
+            state.resumes.refresh()
         info = _info(state)
         ok = state.ready() and info["free_slots"] > 0 and not state.draining
         return JSONResponse(info, status_code=200 if ok else 503)

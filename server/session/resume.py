@@ -182,6 +182,7 @@ class Resumes:
     save_s: float
     token_life_s: float  # a token in session.ready outlives the longest session by the TTL
     error: str | None = None  # why the store failed its latest call; None while it answers
+    _checking: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def from_settings(cls, settings: ServerSettings) -> Resumes | None:
@@ -219,6 +220,12 @@ class Resumes:
             self.answered(exc)
             return
         self.answered(None)
+
+    def refresh(self) -> None:
+        """Ping the store in the background (at most one ping at a time): /readyz answers at once with what the
+        latest call said, never waiting on a Redis that does not answer."""
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.get_running_loop().create_task(self.check())
 
     def status(self) -> dict[str, object]:
         return {"store": self.store.kind, "available": self.error is None, "error": self.error}
