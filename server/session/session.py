@@ -156,8 +156,11 @@ class Session:
         self.retrieval: Retrieval | None = None
         self.outbound = OutboundQueue(settings.send_queue_frames)
         self.wire = wire(self.outbound) if wire is not None else MoshiWire(self.outbound, options.events)
-        self.recording = SessionRecording(settings.recordings_dir, self.id) if settings.recordings else None
-        self.assembler = FrameAssembler()
+        # A resumed leg records under an id of its own: the first leg's files may be on this replica too.
+        self.recording_id = new_session_id() if resumed is not None else self.id
+        self.recording = SessionRecording(settings.recordings_dir, self.recording_id) if settings.recordings else None
+        # Frames, and the events' stream time, go on from where the resumed session's last save was.
+        self.assembler = FrameAssembler(round(resumed.stream_time * SAMPLE_RATE / FRAME_SAMPLES) if resumed else 0)
         self.leveller = UserLeveller() if settings.level_user_audio else None
         self.client_tools = ClientTools(self.emit, lambda: self.assembler.stream_time,
                                         settings.client_tool_deadline_s)
@@ -243,7 +246,8 @@ class Session:
         logger.info("session %s ready (prefix %d frames, prefill %.1f ms)", self.id,
                     prefix.frames if prefix else 0, prefill_s * 1e3)
         self.emit(p.SessionReady(
-            t=0.0, session_id=self.id, profile=self.model.profile, random_weights=self.model.random_weights,
+            t=self.assembler.stream_time, session_id=self.id, profile=self.model.profile,
+            random_weights=self.model.random_weights,
             description=self.model.description, prefix_frames=prefix.frames if prefix else 0,
             prefill_ms=round(prefill_s * 1e3, 2), persona=persona, voice=voice, trigger=self.trigger,
             app_spans=self.app_spans,
@@ -323,10 +327,18 @@ class Session:
 
     # resume ------------------------------------------------------------------------------------------------
     async def _save_loop(self) -> None:
+        """Saves until the session ends; a save that fails for any reason but the store's is logged once and the
+        conversation goes on (this task ending would end it)."""
         assert self.resumes is not None
+        logged = False
         while True:
             await asyncio.sleep(self.resumes.save_s)
-            await self.save()
+            try:
+                await self.save()
+            except Exception:
+                if not logged:
+                    logger.exception("session %s: its resume state could not be saved", self.id)
+                logged = True
 
     async def save(self) -> bool:
         """Write this session's state to the resume store, between ticks; False when the store is unavailable (the
@@ -381,8 +393,9 @@ class Session:
         return code, reason
 
     def _recording_links(self) -> dict[str, str]:
-        query = f"?sig={self.signer.sign(self.id)}" if self.signer is not None else ""
-        return {"wav": f"/api/recordings/{self.id}.wav{query}", "transcript": f"/api/recordings/{self.id}.jsonl{query}"}
+        name = self.recording_id
+        query = f"?sig={self.signer.sign(name)}" if self.signer is not None else ""
+        return {"wav": f"/api/recordings/{name}.wav{query}", "transcript": f"/api/recordings/{name}.jsonl{query}"}
 
     async def _wait_for_end(self) -> None:
         await self._end_requested.wait()

@@ -85,6 +85,7 @@ def check_resumed(events: list[tuple[int, object]], b: RunningServer) -> None:
     assert second.session_id == first.session_id and second.resume and second.resume != first.resume
     span = next(e for _, e in events if isinstance(e, p.SpanInjected))
     assert second.resumed_frames is not None and second.resumed_frames >= span.offset_after, "the span is in"
+    assert second.t > span.t - 1.0, "the stream time goes on from the last save"
     assert any(n == 1 and isinstance(e, p.AgentText) for n, e in events), "the transcript goes on on B"
     store = ContextStore(b.recordings.parent / "context.db")
     try:
