@@ -18,13 +18,15 @@ import pytest
 import websockets
 
 from backend_agent.context_store import ContextStore
-from contextspan_client import AudioChunk, connect
+from benchmarks.harness import stream
+from contextspan_client import AudioChunk, SessionClosed, chat_url, connect
 from frontend_model.frame import SAMPLE_RATE
+from frontend_model.loading.loader import load_model
 from server.guard.auth import ResumeSigner
 from server.wire import protocol as p
 from tests.support.redis_server import RedisServer, redis_server
 
-from .servers import RunningServer, start_server, stop_server
+from .servers import RunningServer, in_process_server, pinned_settings, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 SECRET = "replicas-share-this"
@@ -163,3 +165,29 @@ def test_with_redis_down_sessions_go_on_and_resume_is_unavailable(redis: RedisSe
         time.sleep(0.1)
     code, reason = asyncio.run(refused(b, ready.resume))
     assert code == p.CLOSE_RESUME_UNAVAILABLE and "resume_unavailable" in reason
+
+
+def test_the_default_memory_store_resumes_a_lost_connection_on_the_same_server(tmp_path: Path) -> None:
+    """No Redis: a connection that drops resumes on the same process; a session closed normally does not."""
+    settings = pinned_settings(recordings_dir=tmp_path, max_sessions=1, asr=False)
+    pcm = np.zeros(SAMPLE_RATE, np.float32)
+    with in_process_server(settings, load_model("tiny")) as server:
+        async def run() -> tuple[p.SessionReady, p.SessionReady, SessionClosed]:
+            async with websockets.connect(chat_url(server.ws, events=True, user=USER)) as ws:
+                first = next(p.decode_event(m) for m in [await ws.recv() for _ in range(2)] if isinstance(m, str))
+                await asyncio.sleep(1.5)  # a save
+                ws.transport.abort()  # the connection drops: 1006
+            assert isinstance(first, p.SessionReady) and first.resume
+            deadline = time.monotonic() + 10
+            while server.state.sessions:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            again = await stream(chat_url(server.ws, events=True, user=USER, resume=first.resume), pcm)
+            (second,) = again.of_type("session.ready")
+            with pytest.raises(SessionClosed) as closed:  # that one ended normally: nothing is kept
+                await stream(chat_url(server.ws, events=True, user=USER, resume=second.resume), pcm)
+            return first, second, closed.value
+
+        first, second, closed = asyncio.run(run())
+    assert second.session_id == first.session_id and second.resumed_frames is not None
+    assert (closed.code, closed.error) == (p.CLOSE_RESUME_UNKNOWN, "resume_unknown")
