@@ -15,9 +15,10 @@ columns up to layers x (context - 1) positions back (`receptive_field`), prefix 
 older ones cannot change anything the model computes again, so they are dropped. Keeping only the attention window
 (`context`) would not be exact: the oldest kept keys of the upper layers were computed from columns before it.
 
-Next (issue 36): the server writes each session's blob to Redis about once a second under its resume token; a
-replica that takes the session over replays it into a free slot (a PersonaPlex voice prompt's embeddings, which are
-no columns, are passed back from the voice they came from) and goes on with the codec streams and the backend.
+The server (server/session/resume.py) saves each live session's blob about once a second to a store the replicas
+share; a replica that takes the session over replays it into a free slot (a PersonaPlex voice prompt's embeddings,
+which are no columns, are passed back from the prefix of the voice they came from) and goes on with fresh codec
+streams and the backend's turns.
 """
 
 from __future__ import annotations
