@@ -109,9 +109,9 @@ class BatchedModel:
         replay(self.engine, history, slot, embeddings)
         return time.perf_counter() - start
 
-    def history(self, slot: int) -> bytes:
-        """`slot`'s session history as bytes, between ticks (the engine must be recording: history.start_recording)."""
-        return SessionHistory.of(self.engine, slot).to_bytes()
+    def history(self, slot: int) -> SessionHistory:
+        """`slot`'s session history, between ticks (the engine must be recording: history.start_recording)."""
+        return SessionHistory.of(self.engine, slot)
 
     def inject(self, slot: int, block: Block) -> None:
         self.engine.inject_slot(slot, block)

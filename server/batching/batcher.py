@@ -143,8 +143,10 @@ class Batcher:
         return replay_s
 
     async def history(self, slot: int) -> bytes:
-        """`slot`'s session history, read on the worker between ticks."""
-        return await self.worker.run(lambda: self.model.history(slot))
+        """`slot`'s session history as bytes: read on the worker between ticks, packed off it (a long session's is a
+        few hundred kB, and the worker's time is every session's)."""
+        history = await self.worker.run(lambda: self.model.history(slot))
+        return await asyncio.to_thread(history.to_bytes)
 
     async def set_sampling(self, slot: int, sampling: RowSampling, restart: bool) -> None:
         """New sampling for `slot` from its next frame on, set on the worker between ticks."""
