@@ -220,17 +220,67 @@ async def session_token(url: str, api_key: str, timeout: float = 10.0) -> str:
     return str(response.json()["token"])
 
 
+# Closes after which the session may go on elsewhere: the reason of 4000 carries a fresh token; after the others the
+# token from `session.ready` is tried (a replica killed or restarted, a connection lost).
+RESUMABLE = frozenset({p.CLOSE_RESUME_ELSEWHERE, p.CLOSE_GOING_AWAY, 1006, p.CLOSE_INTERNAL})
+
+
+@dataclass(frozen=True)
+class _Route:
+    """How to open the conversation's socket again: its addresses (the first one it opened, then the failovers),
+    its query and its timeouts."""
+
+    urls: tuple[str, ...]
+    events: bool
+    query: Mapping[str, str]
+    headers: Mapping[str, str] | None
+    open_timeout: float
+    handshake_timeout: float
+
+    async def open(self, url: str, **more: str) -> tuple[websockets.ClientConnection, list[p.SessionPreparing]]:
+        """The socket, once its handshake arrived: before it the server prefills (or replays) the session."""
+        try:
+            ws = await websockets.connect(chat_address(url, self.events, {**self.query, **more}),
+                                          max_size=MAX_MESSAGE_BYTES, open_timeout=self.open_timeout,
+                                          additional_headers=self.headers)
+        except InvalidStatus as exc:
+            raise refusal_error(exc.response.status_code, exc.response.body or b"") from None
+        preparing: list[p.SessionPreparing] = []
+        try:
+            first = await asyncio.wait_for(ws.recv(), timeout=self.handshake_timeout)
+            # A long prefill: with events on, `session.preparing` every few seconds until the handshake.
+            while isinstance(first, str) and isinstance(event := decode_event_text(first), p.SessionPreparing):
+                preparing.append(event)
+                first = await asyncio.wait_for(ws.recv(), timeout=self.handshake_timeout)
+        except websockets.ConnectionClosed as exc:
+            raise _closed(exc) from None
+        except BaseException:
+            await ws.close()
+            raise
+        if first != p.handshake():
+            await ws.close()
+            raise NoHandshake("no_handshake", f"expected the handshake 0x00 first, got {first[:20]!r}")
+        return ws, preparing
+
+
 class Conversation:
     """One open session. Send with `send_audio` / `stream_audio` / `send`; iterate to receive, until the session
     closes: normally (1000, also after `close()`) the iteration ends, otherwise it raises the `SessionClosed`
-    subclass of the close code."""
+    subclass of the close code. A session handed over by a draining server (4000), or cut off (1001, 1006, 1011),
+    is resumed on its own where the server keeps sessions (`session.ready` `resume`): the next address first, a new
+    `session.ready` arrives, and `resumes` counts it."""
 
-    def __init__(self, ws: websockets.ClientConnection, preparing: Sequence[p.SessionPreparing] = ()) -> None:
+    def __init__(self, ws: websockets.ClientConnection, preparing: Sequence[p.SessionPreparing] = (),
+                 route: _Route | None = None) -> None:
         self._ws = ws
+        self._route = route
         self._writer = sphn.OpusStreamWriter(SAMPLE_RATE)
         self._reader = sphn.OpusStreamReader(SAMPLE_RATE)
+        self._reconnecting = asyncio.Lock()
+        self._at = 0  # which of the route's addresses the socket went to
         self.ready: p.SessionReady | None = None  # the `session.ready` event, once received (events on)
         self.preparing = list(preparing)  # the `session.preparing` events that came before the handshake
+        self.resumes = 0
 
     @property
     def close_code(self) -> int | None:
@@ -266,23 +316,48 @@ class Conversation:
         await self._ws.close()
 
     async def _send(self, data: bytes | str) -> None:
+        ws = self._ws
         try:
-            await self._ws.send(data)
+            await ws.send(data)
         except websockets.ConnectionClosed as exc:
-            raise _closed(exc) from None
+            await self._resume_after(ws, exc)  # what was being sent is lost with the last second or so
 
     async def __aiter__(self) -> AsyncIterator[Received]:
         while True:
+            ws = self._ws
             try:
-                message = await self._ws.recv()
+                message = await ws.recv()
             except websockets.ConnectionClosed as exc:
-                error = _closed(exc)
-                if error.code == p.CLOSE_NORMAL:
+                if _closed(exc).code == p.CLOSE_NORMAL:
                     return
-                raise error from None
+                await self._resume_after(ws, exc)
+                continue
             item = self._decode(message)
             if item is not None:
                 yield item
+
+    async def _resume_after(self, ws: websockets.ClientConnection, exc: websockets.ConnectionClosed) -> None:
+        """Reconnect with the session's resume token, each address once from the next one; raises the close as a
+        `SessionClosed` where it cannot. Sending and receiving may both see the close: the first one reconnects."""
+        async with self._reconnecting:
+            if self._ws is not ws:
+                return
+            error = _closed(exc)
+            token = error.message if error.code == p.CLOSE_RESUME_ELSEWHERE else self.ready and self.ready.resume
+            if self._route is None or error.code not in RESUMABLE or not token:
+                raise error
+            urls = self._route.urls
+            for step in range(1, len(urls) + 1):
+                at = (self._at + step) % len(urls)
+                try:
+                    self._ws, preparing = await self._route.open(urls[at], resume=token)
+                except (ClientError, OSError, TimeoutError):
+                    continue
+                self._at, self.preparing, self.resumes = at, preparing, self.resumes + 1
+                self._writer = sphn.OpusStreamWriter(SAMPLE_RATE)  # the new session reads a new Ogg stream
+                self._reader = sphn.OpusStreamReader(SAMPLE_RATE)
+                return
+            raise error
 
     def _decode(self, message: bytes | str) -> Received | None:
         """Unknown binary kinds and event types are skipped, as the protocol asks of clients."""
@@ -304,29 +379,21 @@ class Conversation:
 
 @contextlib.asynccontextmanager
 async def connect(url: str, token: str | None = None, events: bool = True, open_timeout: float = 30.0,
-                  handshake_timeout: float = 120.0, **query: str) -> AsyncIterator[Conversation]:
+                  handshake_timeout: float = 120.0, failover: Sequence[str] = (),
+                  **query: str) -> AsyncIterator[Conversation]:
     """Open a conversation and wait for the handshake (the server prefills the persona first); closes it (1000) on
     exit. `url`: the server's base URL or its chat URL. `token`: a session token (`session_token`), sent as
-    `Authorization: Bearer`. `events`: the JSON events too. `query`: `persona`, `voice`, `user`, sampling."""
+    `Authorization: Bearer`. `events`: the JSON events too (resuming needs them: `session.ready` has the token).
+    `failover`: other replicas' URLs, tried in turn when the session must resume elsewhere (behind a load balancer
+    `url` alone is enough). `query`: `persona`, `voice`, `user`, sampling."""
     headers = {"Authorization": f"Bearer {token}"} if token else None
+    route = _Route((url, *failover), events, query, headers, open_timeout, handshake_timeout)
+    ws, preparing = await route.open(url)
+    conversation = Conversation(ws, preparing, route)
     try:
-        ws = await websockets.connect(chat_address(url, events, query), max_size=MAX_MESSAGE_BYTES,
-                                      open_timeout=open_timeout, additional_headers=headers)
-    except InvalidStatus as exc:
-        raise refusal_error(exc.response.status_code, exc.response.body or b"") from None
-    async with ws:
-        preparing: list[p.SessionPreparing] = []
-        try:
-            first = await asyncio.wait_for(ws.recv(), timeout=handshake_timeout)
-            # A long prefill: with events on, `session.preparing` every few seconds until the handshake.
-            while isinstance(first, str) and isinstance(event := decode_event_text(first), p.SessionPreparing):
-                preparing.append(event)
-                first = await asyncio.wait_for(ws.recv(), timeout=handshake_timeout)
-        except websockets.ConnectionClosed as exc:
-            raise _closed(exc) from None
-        if first != p.handshake():
-            raise NoHandshake("no_handshake", f"expected the handshake 0x00 first, got {first[:20]!r}")
-        yield Conversation(ws, preparing)
+        yield conversation
+    finally:
+        await conversation.close()
 
 
 def load_wav(path: str) -> np.ndarray:

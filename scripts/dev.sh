@@ -46,6 +46,7 @@ setup_debian_packages() {
     if [ "$1" = test ]; then
         command -v chromium >/dev/null || missing+=(chromium chromium-driver)
         compgen -G "/usr/lib/*/libopus.so.0" >/dev/null || missing+=(libopus0)  # for fujielab-moshi-client's opuslib
+        command -v redis-server >/dev/null || missing+=(redis-server)  # the resume store's tests start their own
     fi
     if [ ${#missing[@]} -gt 0 ]; then
         echo "contextspan: installing Debian packages: ${missing[*]}" >&2

@@ -125,6 +125,16 @@ class ServerSettings(BaseSettings):
     search_url: str | None = Field(None, description="SearXNG-style search API base URL; off when unset")
     mcp_servers: list[str] = Field(default_factory=list,
                                    description="MCP servers (stdio commands) whose tools the agent may call")
+    resume_store: str = Field(
+        "memory", description="where live sessions' state is kept to resume them (docs/operations.md, Sessions that "
+        "outlive their replica): memory (this process only), redis://host:port/db (shared by replicas), or off")
+    resume_ttl_s: float = Field(300.0, gt=0, description="a session's kept state and its resume token last this long "
+                                "after its last save")
+    resume_save_s: float = Field(1.0, gt=0, description="how often a live session's state is saved: what a crash "
+                                 "loses at most")
+    resume_secret: str | None = Field(
+        None, description="HMAC key of resume tokens; replicas that resume each other's sessions share it (unset: "
+        "one drawn per process, so a session resumes only where it started)")
     force_ret_frame: int | None = Field(
         None, ge=0, description="test hook: act as if the model emitted <ret> at this frame of every session")
     fail_optimisations: list[Optimisation] = Field(

@@ -1,8 +1,10 @@
 import os
+from collections.abc import Iterator
 
 import pytest
 
 from frontend_model.compile_policy import apply_compile_policy
+from tests.support.redis_server import RedisServer, redis_server
 
 apply_compile_policy()
 
@@ -24,3 +26,10 @@ def compact(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     if request.param == "replay":
         monkeypatch.setenv("CONTEXTSPAN_REPLAY_OUTPUTS", "1")
     return request.param == "compact"
+
+
+@pytest.fixture
+def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A private redis-server for one test (tests/support/redis_server.py)."""
+    with redis_server(tmp_path_factory.mktemp("redis")) as server:
+        yield server

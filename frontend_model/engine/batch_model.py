@@ -20,6 +20,7 @@ from frontend_model.engine.chunked_prefill import SpanPrefill
 from frontend_model.engine.codec import BatchFrameCodec
 from frontend_model.engine.device_memory import drop_streaming_state, release_memory
 from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, GREEDY, SAMPLED, SamplingConfig
+from frontend_model.engine.history import SessionHistory, replay
 from frontend_model.engine.optimisations import Optimisations
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel
@@ -96,6 +97,21 @@ class BatchedModel:
         start = time.perf_counter()
         self.engine.prefill_slot(slot, prefix)
         return time.perf_counter() - start
+
+    def resume_slot(self, slot: int, history: SessionHistory, embeddings: torch.Tensor | None = None) -> float:
+        """A resumed session takes `slot`: fresh state, then its history replayed (engine/history.py); returns the
+        replay seconds. The codec streams start fresh: their first frame or two differ from the uninterrupted
+        session's."""
+        self.engine.reset_slot(slot, history.sampling)
+        self.codec.reset_slot(slot)
+        self.frames_stepped[slot] = 1  # spans go in at once, as after a first step
+        start = time.perf_counter()
+        replay(self.engine, history, slot, embeddings)
+        return time.perf_counter() - start
+
+    def history(self, slot: int) -> SessionHistory:
+        """`slot`'s session history, between ticks (the engine must be recording: history.start_recording)."""
+        return SessionHistory.of(self.engine, slot)
 
     def inject(self, slot: int, block: Block) -> None:
         self.engine.inject_slot(slot, block)

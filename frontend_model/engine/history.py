@@ -15,9 +15,10 @@ columns up to layers x (context - 1) positions back (`receptive_field`), prefix 
 older ones cannot change anything the model computes again, so they are dropped. Keeping only the attention window
 (`context`) would not be exact: the oldest kept keys of the upper layers were computed from columns before it.
 
-Next (issue 36): the server writes each session's blob to Redis about once a second under its resume token; a
-replica that takes the session over replays it into a free slot (a PersonaPlex voice prompt's embeddings, which are
-no columns, are passed back from the voice they came from) and goes on with the codec streams and the backend.
+The server (server/session/resume.py) saves each live session's blob about once a second to a store the replicas
+share; a replica that takes the session over replays it into a free slot (a PersonaPlex voice prompt's embeddings,
+which are no columns, are passed back from the prefix of the voice they came from) and goes on with fresh codec
+streams and the backend's turns.
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ def replay(engine: Engine, history: SessionHistory, slot: int = 0, embeddings: t
             1, embedded, -1)
     for positions in _positions(engine):
         positions[lo:hi] = history.start
-    for chunk in x.split(engine.max_span_frames, dim=1):
+    for chunk in x.split(engine.max_span_frames, dim=1) if x.shape[1] else ():  # a session that never stepped
         engine._forward(chunk, one_pass=True)
     offset = history.offset
     state.cache[lo, :, offset % state.cache.shape[2]] = history.pending.to(device)

@@ -30,6 +30,7 @@ from frontend_model.engine.device_memory import (
     set_device,
     weight_bytes,
 )
+from frontend_model.engine.history import start_recording
 from frontend_model.engine.optimisations import Optimisations
 from frontend_model.loading.loader import LoadedModel, ModelLoadError, default_device, load_model
 from frontend_model.span.build import MIN_SPAN_FRAMES
@@ -44,6 +45,7 @@ from server.ops.recording import recording_path
 from server.session.backend import Backend
 from server.session.persona import PersonaError
 from server.session.realtime_wire import RealtimeWire
+from server.session.resume import Resumes, ResumeState, StoreUnavailable
 from server.session.session import Session, SessionEnd, SessionOptions
 from server.session.trigger import ResolvedTrigger, resolve_trigger
 from server.session.wire import SessionWire
@@ -78,26 +80,40 @@ class ServerState:
     tokens: auth.TokenIssuer = field(init=False)
     signer: auth.RecordingSigner = field(default_factory=auth.RecordingSigner)
     connections: ConnectionsPerAddress = field(init=False)
+    resumes: Resumes | None = field(init=False)  # None: resume is off
     draining: bool = False
 
     def __post_init__(self) -> None:
         self.tokens = auth.TokenIssuer(self.settings.token_ttl_s)
         self.connections = ConnectionsPerAddress(self.settings.max_connections_per_ip)
+        self.resumes = Resumes.from_settings(self.settings)
 
     def ready(self) -> bool:
         return self.batcher is not None and self.worker is not None
 
     async def drain(self, grace_s: float) -> None:
         """SIGTERM: refuse new sessions, warn the live ones, let them run, close what is left before the grace ends.
+        With a shared resume store that answers, resumable sessions (`/api/chat`'s) are handed over at once instead:
+        each saves its state and closes with CLOSE_RESUME_ELSEWHERE and its token, to resume on another replica.
 
         Closing goes through each session's normal teardown, so recordings are complete when this returns.
         """
         self.draining = True
-        logger.info("draining %d session(s) within %.1f s", len(self.sessions), grace_s)
-        close_margin = min(1.0, grace_s / 2)
-        for session in list(self.sessions.values()):
-            session.notify_ending("server_shutdown", grace_s - close_margin)
         loop = asyncio.get_running_loop()
+        staying = list(self.sessions.values())
+        resumes = self.resumes
+        if resumes is not None and resumes.shared and staying:
+            await resumes.check()
+            if resumes.error is None:
+                handed = [session for session in staying if session.resumes is not None]
+                logger.info("draining: handing %d session(s) over to other replicas", len(handed))
+                for session in handed:
+                    session.end(p.CLOSE_RESUME_ELSEWHERE, "")
+                staying = [session for session in staying if session.resumes is None]
+        logger.info("draining %d session(s) within %.1f s", len(staying), grace_s)
+        close_margin = min(1.0, grace_s / 2)
+        for session in staying:
+            session.notify_ending("server_shutdown", grace_s - close_margin)
         deadline = loop.time() + grace_s - close_margin
         while self.sessions and loop.time() < deadline:
             await asyncio.sleep(0.05)
@@ -192,6 +208,8 @@ async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWor
     per_session = session_bytes(model.lm, model.mimi, settings.max_span_frames).total
     scratch = batched.scratch_bytes()
     state.memory = await worker.run(lambda: device_memory(model.lm, model.mimi, per_session, scratch))
+    if state.resumes is not None:  # every slot keeps its token history on the device, to be saved and resumed
+        await worker.run(lambda: start_recording(batched.engine))
     batcher = Batcher(batched, worker, cost, admitted, budget_s, settings.span_deadline_s, state.metrics)
     batcher.start()
     state.metrics.session_slots.set(admitted.slots)
@@ -281,6 +299,8 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
                 state.worker.shutdown()
             if state.backend is not None:
                 await state.backend.aclose()
+            if state.resumes is not None:
+                await state.resumes.store.aclose()
 
     app = FastAPI(title="contextspan", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
@@ -291,6 +311,8 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
+        if state.resumes is not None:
+            state.resumes.refresh()
         info = _info(state)
         ok = state.ready() and info["free_slots"] > 0 and not state.draining
         return JSONResponse(info, status_code=200 if ok else 503)
@@ -391,7 +413,10 @@ async def open_session(ws: WebSocket, state: ServerState, credential: str | None
                    f"at most {settings.max_connections_per_ip} connections per address")
         return
     try:
-        if settings.api_keys and not (api_key_accepted and auth.api_key_ok(credential, settings.api_keys)):
+        # A resume token stands in for the session token: it is signed, bound to its user and checked once accepted.
+        resuming = wire is None and "resume" in ws.query_params  # /v1/realtime does not resume yet
+        if settings.api_keys and not resuming and not (api_key_accepted and
+                                                        auth.api_key_ok(credential, settings.api_keys)):
             check = state.tokens.redeem(credential)
             if check is not auth.TokenCheck.OK:
                 await deny(ws, state, 401, f"token_{check.value}", TOKEN_HELP[check])
@@ -447,6 +472,7 @@ def _info(state: ServerState) -> dict[str, object]:
         "draining": state.draining,
         "memory": memory.as_dict() if (memory := memory_report(state)) else None,
         "optimisations": state.optimisations.status() if state.optimisations else None,
+        "resume": state.resumes.status() if state.resumes else None,
     }
 
 
@@ -463,8 +489,15 @@ async def serve_session(ws: WebSocket, state: ServerState,
         reason = state.load_error or "the model is still loading"
         await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason("not_ready", reason))
         return
+    resumed = None
+    if wire is None and (token := ws.query_params.get("resume")) is not None:
+        resumed = await take_over(ws, state, token)
+        if resumed is None:
+            return
     try:
         options = SessionOptions.from_query(dict(ws.query_params), settings.persona)
+        if resumed is not None:
+            options = replace(options, persona=resumed.persona, voice=resumed.voice)
     except ValueError as exc:
         metrics.sessions.labels("rejected").inc()
         await ws.close(p.CLOSE_POLICY, p.close_reason("bad_sampling", str(exc)))
@@ -486,7 +519,8 @@ async def serve_session(ws: WebSocket, state: ServerState,
         session = Session(ws, settings, state.model, batcher, slot, metrics, options, state.backend,
                           ws.query_params.get("user"), state.signer if settings.api_keys else None,
                           state.trigger.trigger if state.trigger else "ret",
-                          auth.app_spans_allowed(settings.app_spans, authenticated=bool(settings.api_keys)), wire)
+                          auth.app_spans_allowed(settings.app_spans, authenticated=bool(settings.api_keys)), wire,
+                          state.resumes if wire is None else None, resumed)  # /v1/realtime cannot resume yet
         session_id_var.set(session.id)
         state.sessions[session.id] = session
         metrics.sessions.labels("accepted").inc()
@@ -513,7 +547,47 @@ async def serve_session(ws: WebSocket, state: ServerState,
         if session is None:
             batcher.release(slot)
         else:
-            state.sessions.pop(session.id, None)
+            code, reason = await session.settle(code, reason)
             session.release()
             await session.close(code, reason)
+            state.sessions.pop(session.id, None)
             logger.info("session %s closed", session.id)
+
+
+RESUME_REFUSALS = {
+    auth.ResumeCheck.MALFORMED: (p.CLOSE_RESUME_BAD_TOKEN, "resume_bad_token",
+                                 "not a resume token of this deployment (bad signature or format)"),
+    auth.ResumeCheck.OTHER_USER: (p.CLOSE_RESUME_OTHER_USER, "resume_other_user",
+                                  "this resume token belongs to a session of another user"),
+    auth.ResumeCheck.EXPIRED: (p.CLOSE_RESUME_EXPIRED, "resume_expired", "this resume token has expired"),
+}
+
+
+async def take_over(ws: WebSocket, state: ServerState, token: str) -> ResumeState | None:
+    """The kept state of the session `token` names, for this connection to continue; None once the socket is closed
+    with the reason it cannot be (the token itself is never logged nor echoed)."""
+    resumes = state.resumes
+    refusal: tuple[int, str, str] | None = None
+    saved = None
+    if resumes is None:
+        refusal = p.CLOSE_RESUME_UNAVAILABLE, "resume_unavailable", "resume is off on this server"
+    else:
+        check, session_id = resumes.signer.check(token, ws.query_params.get("user"))
+        refusal = RESUME_REFUSALS.get(check)
+        if refusal is None and session_id in state.sessions:
+            refusal = p.CLOSE_RESUME_IN_USE, "resume_in_use", "that session is still live on this server"
+        if refusal is None:
+            try:
+                saved = await resumes.store.load(session_id)
+            except StoreUnavailable as exc:
+                resumes.answered(exc)
+                refusal = p.CLOSE_RESUME_UNAVAILABLE, "resume_unavailable", "the resume store cannot be reached"
+            except ValueError:
+                logger.exception("session %s: unreadable resume state", session_id)
+        if saved is None and refusal is None:
+            refusal = p.CLOSE_RESUME_UNKNOWN, "resume_unknown", "no state is kept for that session (ended or expired)"
+    if refusal is not None:
+        state.metrics.sessions.labels(f"refused_{refusal[1]}").inc()
+        await ws.close(refusal[0], p.close_reason(*refusal[1:]))
+        return None
+    return saved

@@ -21,10 +21,12 @@ import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import torch
 
 from frontend_model.engine.batch_engine import RowFault
 from frontend_model.engine.batch_model import BatchedModel
 from frontend_model.engine.calibration import TickCost
+from frontend_model.engine.history import SessionHistory
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from frontend_model.moshi_internals.row_sampling import RowSampling, SamplingConfig
 from frontend_model.span.block import Prefix
@@ -132,6 +134,19 @@ class Batcher:
         self._active.add(slot)
         self._spans[slot] = _SlotSpans()
         return prefill_s
+
+    async def resume(self, slot: int, history: SessionHistory, embeddings: torch.Tensor | None) -> float:
+        """As `open`, with a resumed session's history replayed instead of a prefix; returns replay seconds."""
+        replay_s = await self.worker.run(lambda: self.model.resume_slot(slot, history, embeddings))
+        self._active.add(slot)
+        self._spans[slot] = _SlotSpans()
+        return replay_s
+
+    async def history(self, slot: int) -> bytes:
+        """`slot`'s session history as bytes: read on the worker between ticks, packed off it (a long session's is a
+        few hundred kB, and the worker's time is every session's)."""
+        history = await self.worker.run(lambda: self.model.history(slot))
+        return await asyncio.to_thread(history.to_bytes)
 
     async def set_sampling(self, slot: int, sampling: RowSampling, restart: bool) -> None:
         """New sampling for `slot` from its next frame on, set on the worker between ticks."""

@@ -142,3 +142,43 @@ def app_spans_allowed(setting: str, authenticated: bool) -> bool:
     """May this session push its own span text (`span.inject`)? `auto`: only a session the operator's backend
     let in with a token; an anonymous page could otherwise put any text in the model's context."""
     return setting == "on" or (setting == "auto" and authenticated)
+
+
+class ResumeCheck(Enum):
+    OK = "ok"
+    MALFORMED = "malformed"  # not a token this server's code writes, or not signed with the shared secret
+    OTHER_USER = "other_user"
+    EXPIRED = "expired"
+
+
+class ResumeSigner:
+    """Resume tokens `<session id>.<expiry>.<who>.<mac>`: `who` a keyed digest of the identity the session was opened
+    with (its `user`: no name travels in the token), the MAC over all three under a secret the replicas share.
+    Stateless, so any replica checks any replica's token; the token names the session, the store holds it."""
+
+    def __init__(self, secret: bytes | None = None, clock: Callable[[], float] = time.time) -> None:
+        self._secret = secret or secrets.token_bytes(32)
+        self._clock = clock
+
+    def _digest(self, message: str, length: int) -> str:
+        return hmac.new(self._secret, message.encode(), hashlib.sha256).hexdigest()[:length]
+
+    def _who(self, identity: str | None) -> str:
+        return self._digest(f"identity:{identity or ''}", 12)
+
+    def issue(self, session_id: str, identity: str | None, ttl_s: float) -> str:
+        head = f"{session_id}.{int(self._clock() + ttl_s)}.{self._who(identity)}"
+        return f"{head}.{self._digest(head, 24)}"
+
+    def check(self, token: str, identity: str | None) -> tuple[ResumeCheck, str]:
+        """(verdict, session id): the signature first, so that a forged token says nothing about any session."""
+        head, _, mac = token.rpartition(".")
+        parts = head.split(".")
+        if len(parts) != 3 or not parts[1].isdigit() or not hmac.compare_digest(self._digest(head, 24), mac):
+            return ResumeCheck.MALFORMED, ""
+        session_id, expiry, who = parts
+        if not hmac.compare_digest(who, self._who(identity)):
+            return ResumeCheck.OTHER_USER, ""
+        if self._clock() >= int(expiry):
+            return ResumeCheck.EXPIRED, session_id
+        return ResumeCheck.OK, session_id

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
 session_id_var: ContextVar[str | None] = ContextVar("session_id", default=None)
+
+# Credentials that clients may put in a query string, which uvicorn logs with the path ("WebSocket /api/chat?...").
+_CREDENTIAL_QUERY = re.compile(r"([?&](?:resume|token)=)[^&\s\"]+")
 
 # Attributes every LogRecord has; anything else on a record came from `extra=` and is logged as a field.
 _RECORD_ATTRS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
@@ -58,6 +62,17 @@ class TextFormatter(logging.Formatter):
         return self._format % {**record.__dict__, "session": f" [{session_id}]" if session_id else ""}
 
 
+class RedactCredentials(logging.Filter):
+    """Writes `?resume=` and `?token=` values as *** in any record, before any handler formats it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = _CREDENTIAL_QUERY.sub(r"\1***", message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
+
+
 def configure_logging(level: str, json: bool) -> None:
     """Route every logger (uvicorn's too, when it is given `log_config=None`) to one stderr handler.
 
@@ -65,6 +80,7 @@ def configure_logging(level: str, json: bool) -> None:
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json else TextFormatter())
+    handler.addFilter(RedactCredentials())
     root = logging.getLogger()
     for old in root.handlers[:]:
         root.removeHandler(old)

@@ -27,6 +27,7 @@ from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketState
 
 from backend_agent.context_store import Profile
+from frontend_model.engine.history import SessionHistory
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.row_sampling import RowSampling, SamplingConfig
@@ -40,6 +41,7 @@ from server.ops.recording import SessionRecording
 from server.session.backend import Backend
 from server.session.client_tools import ClientTools
 from server.session.persona import PersonaError, build_persona_block, persona_and_voice
+from server.session.resume import SPANS_KEPT, Resumes, ResumeState, StoreUnavailable
 from server.session.retrieval import Retrieval, SpanAnswer
 from server.session.spans import FrameOutput, SpanOutcome, span_event
 from server.session.trigger import Trigger
@@ -130,10 +132,13 @@ class Session:
         trigger: Trigger = "ret",
         app_spans: bool = False,
         wire: Callable[[OutboundQueue], SessionWire] | None = None,
+        resumes: Resumes | None = None,
+        resumed: ResumeState | None = None,
     ) -> None:
         """`trigger` as resolved at load (server/session/trigger.py); `app_spans` whether `span.inject` is accepted;
-        `wire` makes the protocol's half over the outbound queue (default: `/api/chat`'s, MoshiWire)."""
-        self.id = new_session_id()
+        `wire` makes the protocol's half over the outbound queue (default: `/api/chat`'s, MoshiWire); `resumes` saves
+        its state as it goes, `resumed` the state it continues (its history replaces the prefill)."""
+        self.id = resumed.session_id if resumed is not None else new_session_id()
         self.ws = websocket
         self.settings = settings
         self.model = model
@@ -142,12 +147,20 @@ class Session:
         self.metrics = metrics
         self.options = options
         self.backend = backend
+        self.user = user_id  # as the client named it: what its resume token is bound to
         self.user_id = user_id or self.id
+        self.resumes = resumes
+        self.resumed = resumed
+        self._spans_told: deque[str] = deque(maxlen=SPANS_KEPT)
+        self.client_close_code: int | None = None  # the client's close code, once it has closed
         self.retrieval: Retrieval | None = None
         self.outbound = OutboundQueue(settings.send_queue_frames)
         self.wire = wire(self.outbound) if wire is not None else MoshiWire(self.outbound, options.events)
-        self.recording = SessionRecording(settings.recordings_dir, self.id) if settings.recordings else None
-        self.assembler = FrameAssembler()
+        # A resumed leg records under an id of its own: the first leg's files may be on this replica too.
+        self.recording_id = new_session_id() if resumed is not None else self.id
+        self.recording = SessionRecording(settings.recordings_dir, self.recording_id) if settings.recordings else None
+        # Frames, and the events' stream time, go on from where the resumed session's last save was.
+        self.assembler = FrameAssembler(round(resumed.stream_time * SAMPLE_RATE / FRAME_SAMPLES) if resumed else 0)
         self.leveller = UserLeveller() if settings.level_user_audio else None
         self.client_tools = ClientTools(self.emit, lambda: self.assembler.stream_time,
                                         settings.client_tool_deadline_s)
@@ -208,11 +221,18 @@ class Session:
         announcer = asyncio.create_task(self._announce_preparing(preparing)) if self.options.events else None
         holder = asyncio.create_task(self._hold_early_messages(preparing.early))
         try:
+            if self.resumed is not None:
+                history = SessionHistory.from_bytes(self.resumed.history)
+                self._restore_backend(self.resumed)
             # Reading the profile, tokenising: off the event loop, and off the worker that steps the others.
             persona, voice, prefix = await asyncio.to_thread(self._prefix)
             preparing.stage, preparing.prefix_frames = "prefill", prefix.frames if prefix else 0
-            sampling = self.sampling = resolve_sampling(self.batcher.sampling, self.options.sampling)
-            prefill_s = await self.batcher.open(self.slot, prefix, sampling)
+            if self.resumed is None:
+                sampling = self.sampling = resolve_sampling(self.batcher.sampling, self.options.sampling)
+                prefill_s = await self.batcher.open(self.slot, prefix, sampling)
+            else:  # the prefix's replayed embeddings (a PersonaPlex voice) are no columns: the replay needs them
+                sampling = self.sampling = history.sampling
+                prefill_s = await self.batcher.resume(self.slot, history, prefix.embeddings if prefix else None)
         finally:
             preparing.done.set()
             holder.cancel()  # a read cancelled while waiting takes nothing off uvicorn's queue
@@ -226,12 +246,15 @@ class Session:
         logger.info("session %s ready (prefix %d frames, prefill %.1f ms)", self.id,
                     prefix.frames if prefix else 0, prefill_s * 1e3)
         self.emit(p.SessionReady(
-            t=0.0, session_id=self.id, profile=self.model.profile, random_weights=self.model.random_weights,
+            t=self.assembler.stream_time, session_id=self.id, profile=self.model.profile,
+            random_weights=self.model.random_weights,
             description=self.model.description, prefix_frames=prefix.frames if prefix else 0,
             prefill_ms=round(prefill_s * 1e3, 2), persona=persona, voice=voice, trigger=self.trigger,
             app_spans=self.app_spans,
             sampling=p.Sampling(**asdict(sampling)), unsupported=self.options.sampling.unsupported(),
             recording=self._recording_links() if self.recording else None,
+            resume=self.resumes.token(self.id, self.user) if self.resumes is not None else None,
+            resumed_frames=history.offset if self.resumed is not None else None,
         ))
         if self.backend is not None:
             # Answers go straight to the batcher, which holds the span until its outcome comes with a frame output.
@@ -289,6 +312,8 @@ class Session:
         tasks = [asyncio.create_task(self._receive_loop(early)), asyncio.create_task(self._send_loop()),
                  asyncio.create_task(self._frame_loop()), asyncio.create_task(self._stats_loop()),
                  asyncio.create_task(self._duration_loop()), asyncio.create_task(self._wait_for_end())]
+        if self.resumes is not None:
+            tasks.append(asyncio.create_task(self._save_loop()))
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -300,9 +325,77 @@ class Session:
                 return error
         return None
 
+    # resume ------------------------------------------------------------------------------------------------
+    async def _save_loop(self) -> None:
+        """Saves until the session ends; a save that fails for any reason but the store's is logged once and the
+        conversation goes on (this task ending would end it)."""
+        assert self.resumes is not None
+        logged = False
+        while True:
+            await asyncio.sleep(self.resumes.save_s)
+            try:
+                await self.save()
+            except Exception:
+                if not logged:
+                    logger.exception("session %s: its resume state could not be saved", self.id)
+                logged = True
+
+    async def save(self) -> bool:
+        """Write this session's state to the resume store, between ticks; False when the store is unavailable (the
+        session goes on)."""
+        resumes = self.resumes
+        if resumes is None:
+            return False
+        history = await self.batcher.history(self.slot)
+        store = self.backend.store if self.backend is not None else None
+        state = ResumeState(
+            self.id, self.user, self.options.persona, self.options.voice, self.options.events, history,
+            turns=[(turn.role, turn.text) for turn in store.turns(self.id)] if store is not None else [],
+            profile=store.get_profile(self.user).model_dump() if store is not None and self.user else None,
+            notes=self.options.notes, spans=list(self._spans_told), stream_time=self.assembler.stream_time)
+        try:
+            await resumes.store.save(state, resumes.ttl_s)
+        except StoreUnavailable as exc:
+            resumes.answered(exc)
+            return False
+        resumes.answered(None)
+        return True
+
+    def _restore_backend(self, state: ResumeState) -> None:
+        """The backend's plain data into this replica's context store, unless it already holds this session's turns
+        (a store both replicas share)."""
+        self.options.notes = state.notes
+        self._spans_told.extend(state.spans)
+        store = self.backend.store if self.backend is not None else None
+        if store is None or store.turns(self.id, limit=1):
+            return
+        if state.profile is not None and self.user:
+            store.save_profile(Profile.model_validate(state.profile))
+        if state.notes:
+            store.add_note(self.user_id, state.notes)
+        for role, text in state.turns:
+            store.add_turn(self.user_id, self.id, role, text)  # type: ignore[arg-type]
+
+    async def settle(self, code: int, reason: str) -> tuple[int, str]:
+        """What becomes of the kept state as the session ends, before its slot is released; returns the close code
+        and reason. A hand-over saves it last and puts the fresh resume token in the reason; a normal end (the
+        client's 1000, the duration cap) drops it; anything else keeps it for the client to resume."""
+        resumes = self.resumes
+        if resumes is None:
+            return code, reason
+        if code == p.CLOSE_RESUME_ELSEWHERE:
+            if await self.save():
+                return code, p.close_reason("resume_elsewhere", resumes.token(self.id, self.user, resumes.ttl_s))
+            return p.CLOSE_GOING_AWAY, p.close_reason("server_shutdown", "the server is shutting down")
+        if code == p.CLOSE_NORMAL and self.client_close_code in (None, p.CLOSE_NORMAL):
+            with contextlib.suppress(StoreUnavailable):
+                await resumes.store.drop(self.id)
+        return code, reason
+
     def _recording_links(self) -> dict[str, str]:
-        query = f"?sig={self.signer.sign(self.id)}" if self.signer is not None else ""
-        return {"wav": f"/api/recordings/{self.id}.wav{query}", "transcript": f"/api/recordings/{self.id}.jsonl{query}"}
+        name = self.recording_id
+        query = f"?sig={self.signer.sign(name)}" if self.signer is not None else ""
+        return {"wav": f"/api/recordings/{name}.wav{query}", "transcript": f"/api/recordings/{name}.jsonl{query}"}
 
     async def _wait_for_end(self) -> None:
         await self._end_requested.wait()
@@ -349,6 +442,7 @@ class Session:
     async def _on_message(self, message: Message) -> bool:
         """Handles one ASGI message; False once the client has gone."""
         if message["type"] == "websocket.disconnect":
+            self.client_close_code = message.get("code")
             return False
         if not self.limiter.allow():
             self.metrics.protocol_errors.labels("rate_limited").inc()
@@ -566,6 +660,7 @@ class Session:
         self.metrics.span_injections.labels("injected" if outcome.injected else "dropped").inc()
         if outcome.injected:
             self.metrics.span_latency.observe(event.latency_ms / 1e3)
+            self._spans_told.append(outcome.text)
         self.emit(event)
 
     # send and stats ----------------------------------------------------------------------------------------

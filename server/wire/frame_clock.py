@@ -35,16 +35,18 @@ def phase_pad(chunk: int, until_grid_s: float) -> int:
 
 
 class FrameAssembler:
-    """Cuts decoded PCM of any chunk size into whole frames, numbered from 0."""
+    """Cuts decoded PCM of any chunk size into whole frames, numbered from `first` (0, or where a resumed session's
+    stream was)."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: int = 0) -> None:
         self._pending = np.zeros(0, dtype=np.float32)
-        self.frames = 0
+        self.first = first
+        self.frames = first
         self.padded = 0
 
     def pad(self, samples: int) -> None:
         """Silence ahead of the stream (see `phase_pad`); only before the first frame, whose deadline it moves."""
-        if self.frames or self.padded:
+        if self.frames > self.first or self.padded:
             raise RuntimeError("a stream can only be padded before its first frame")
         self._pending = np.concatenate([np.zeros(samples, np.float32), self._pending])
         self.padded = samples

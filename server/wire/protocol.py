@@ -254,6 +254,10 @@ class SessionReady(ServerEvent):
     unsupported: dict[str, float] = Field(
         default_factory=dict, description="sampling query parameters received but not applied, with their values")
     recording: dict[str, str] | None = None
+    resume: str | None = Field(None, description="this session's resume token: `/api/chat?resume=<token>` on any "
+                               "replica continues it after a drain or a crash; none when resume is off")
+    resumed_frames: int | None = Field(None, description="set when this session was resumed: the stream positions "
+                                       "its history replayed")
 
 
 class SessionPreparing(ServerEvent):
@@ -411,6 +415,14 @@ CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_INTERNAL = 1011
 CLOSE_TRY_AGAIN = 1013
+# Resume (docs/operations.md, Sessions that outlive their replica): private-use codes, the reason's `error` says more.
+CLOSE_RESUME_ELSEWHERE = 4000  # a drain handed the session over: reconnect with ?resume=<the reason's message>
+CLOSE_RESUME_BAD_TOKEN = 4401  # not a resume token, or not signed with this deployment's secret
+CLOSE_RESUME_OTHER_USER = 4403  # a token of a session opened for another `user`
+CLOSE_RESUME_UNKNOWN = 4404  # no state kept for that session: ended normally, or its TTL ran out
+CLOSE_RESUME_IN_USE = 4409  # that session is still live on this replica
+CLOSE_RESUME_EXPIRED = 4410
+CLOSE_RESUME_UNAVAILABLE = 4503  # resume is off, or its store cannot be reached: open a new session
 
 
 # Error codes about what kind of message was sent; the others are about a message's content.

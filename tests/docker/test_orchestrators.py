@@ -121,7 +121,7 @@ def test_the_swarm_stack_is_accepted_by_docker_stack_config() -> None:
                             timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     rendered = yaml.safe_load(result.stdout)
-    assert set(rendered["services"]) == {"traefik", "llm", "contextspan"}
+    assert set(rendered["services"]) == {"traefik", "llm", "contextspan", "redis"}
 
 
 def test_swarm_routes_new_conversations_by_readyz_and_drains_within_the_stop_grace_period() -> None:

@@ -236,3 +236,18 @@ def test_a_voice_prompt_s_embeddings_are_passed_back_to_the_replay(model: Loaded
         logits, outputs = go_on(resumed, user[8:])
     assert max_diff(logits, expected[0]) <= TOLERANCE
     assert outputs == expected[1]
+
+
+def test_a_session_that_never_stepped_resumes(model: LoadedModel) -> None:
+    """No prefix and no step yet (a client that connected and left): an empty history replays to a fresh slot that
+    steps as the original would."""
+    user = user_frames(AFTER, seed=5)
+    with recording(model) as original:
+        history = through_bytes(SessionHistory.of(original))
+        expected = go_on(original, user)
+    assert history.columns.shape[1] == 0
+    with recording(model) as resumed:
+        replay(resumed, history)
+        logits, outputs = go_on(resumed, user)
+    assert max_diff(logits, expected[0]) <= TOLERANCE
+    assert outputs == expected[1]

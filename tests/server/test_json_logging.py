@@ -86,3 +86,12 @@ def test_text_format_names_the_session_and_reconfiguring_does_not_duplicate(caps
     assert second.endswith(" INFO server.app.routes: idle")
     assert isinstance(logging.getLogger().handlers[0].formatter, TextFormatter)
     assert not isinstance(logging.getLogger().handlers[0].formatter, JsonFormatter)
+
+
+def test_tokens_in_a_logged_query_string_are_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    """uvicorn logs a WebSocket's path with its query: resume and session tokens never reach the log."""
+    configure_logging("info", json=True)
+    logging.getLogger("contextspan.test").info('%s - "WebSocket %s" [accepted]', "127.0.0.1",
+                                              "/api/chat?events=1&resume=abc.123.def.0123&user=ada&token=s3cr3t")
+    (line,) = _lines(capsys)
+    assert line["message"] == '127.0.0.1 - "WebSocket /api/chat?events=1&resume=***&user=ada&token=***" [accepted]'

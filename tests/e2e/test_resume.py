@@ -1,0 +1,193 @@
+"""Sessions that outlive their replica, with real servers: two replicas (two `contextspan serve` processes sharing a
+real redis-server on loopback and the resume secret). A conversation on A (a typed question answered by the built-in
+router, so a span goes in and the backend stores turns), A drained or killed -9, the client resumes on B by itself:
+the same session id, its history replayed past the span, the transcript going on, the turns in B's context store.
+Then the refusals (bad, other user's, expired, unknown tokens) and Redis going down."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import websockets
+
+from backend_agent.context_store import ContextStore
+from benchmarks.harness import stream
+from contextspan_client import AudioChunk, SessionClosed, chat_url, connect
+from frontend_model.frame import SAMPLE_RATE
+from frontend_model.loading.loader import load_model
+from server.guard.auth import ResumeSigner
+from server.wire import protocol as p
+from tests.support.redis_server import RedisServer, redis_server
+
+from .servers import RunningServer, in_process_server, pinned_settings, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+SECRET = "replicas-share-this"
+USER = "ada"
+QUESTION = "What is twelve times twelve?"
+
+
+def replica(tmp: Path, redis: RedisServer) -> RunningServer:
+    return start_server(tmp, "--no-asr", "--max-sessions", "1", "--resume-store", redis.url, "--resume-secret",
+                        SECRET, "--context-store", str(tmp / "context.db"), "--shutdown-grace-s", "5")
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with redis_server(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def b(tmp_path_factory: pytest.TempPathFactory, redis: RedisServer) -> Iterator[RunningServer]:
+    server = replica(tmp_path_factory.mktemp("b"), redis)
+    yield server
+    stop_server(server)
+
+
+async def across(a: RunningServer, b: RunningServer, cut: Callable[[RunningServer], None]) -> list[tuple[int, object]]:
+    """A conversation opened on A with B as its failover; `cut` ends A once a span is in and saved. Every event
+    with how many times the client had resumed when it arrived."""
+    events: list[tuple[int, object]] = []
+    async with connect(a.http, failover=[b.http], user=USER) as conversation:
+        sender = asyncio.create_task(conversation.stream_audio(np.zeros(7 * SAMPLE_RATE, np.float32)))
+
+        async def receive() -> None:
+            async for item in conversation:
+                if not isinstance(item, AudioChunk):
+                    events.append((conversation.resumes, item))
+
+        receiver = asyncio.create_task(receive())
+        await asyncio.sleep(1.0)
+        await conversation.send(p.UserText(type="user.text", text=QUESTION))
+        deadline = time.monotonic() + 10
+        while not any(getattr(e, "type", "") == "span.injected" for _, e in events):
+            assert time.monotonic() < deadline and not receiver.done(), events
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.5)  # a save with the span in it
+        cut(a)
+        await sender
+        await asyncio.sleep(1.0)
+        assert not receiver.done() or receiver.exception() is None, receiver.exception()
+        receiver.cancel()
+    return events
+
+
+def check_resumed(events: list[tuple[int, object]], b: RunningServer) -> None:
+    ready = [(n, e) for n, e in events if isinstance(e, p.SessionReady)]
+    assert [n for n, _ in ready] == [0, 1], "one session.ready on A, one on B"
+    (_, first), (_, second) = ready
+    assert second.session_id == first.session_id and second.resume and second.resume != first.resume
+    span = next(e for _, e in events if isinstance(e, p.SpanInjected))
+    assert second.resumed_frames is not None and second.resumed_frames >= span.offset_after, "the span is in"
+    assert second.t > span.t - 1.0, "the stream time goes on from the last save"
+    assert any(n == 1 and isinstance(e, p.AgentText) for n, e in events), "the transcript goes on on B"
+    store = ContextStore(b.recordings.parent / "context.db")
+    try:
+        turns = [(t.role, t.text) for t in store.turns(first.session_id)]
+    finally:
+        store.close()
+    assert ("user", QUESTION) in turns, turns
+
+
+def test_a_drained_replica_hands_its_session_over(tmp_path: Path, redis: RedisServer, b: RunningServer) -> None:
+    a = replica(tmp_path, redis)
+    try:
+        events = asyncio.run(across(a, b, lambda server: server.process.send_signal(signal.SIGTERM)))
+        a.process.wait(timeout=30)
+    finally:
+        stop_server(a)
+    check_resumed(events, b)
+    assert "session(s) over to other replicas" in a.log.read_text()
+
+
+def test_a_replica_killed_9_loses_at_most_the_last_second(tmp_path: Path, redis: RedisServer,
+                                                          b: RunningServer) -> None:
+    a = replica(tmp_path, redis)
+    try:
+        events = asyncio.run(across(a, b, lambda server: server.process.kill()))
+    finally:
+        stop_server(a)
+    check_resumed(events, b)
+
+
+async def refused(b: RunningServer, token: str, user: str = USER) -> tuple[int | None, str]:
+    async with websockets.connect(f"{b.ws}/api/chat?events=1&user={user}&resume={token}") as ws:
+        with pytest.raises(websockets.ConnectionClosed):
+            await asyncio.wait_for(ws.recv(), timeout=10)
+    return ws.close_code, ws.close_reason or ""
+
+
+def test_bad_other_users_expired_and_unknown_tokens_are_refused(b: RunningServer) -> None:
+    signer = ResumeSigner(SECRET.encode())
+    token = signer.issue("20261204T000000Z-0badcafe", USER, 600)
+    past = ResumeSigner(SECRET.encode(), clock=lambda: time.time() - 3600).issue("20261204T000000Z-0badcafe", USER,
+                                                                                  60)
+    forged = ResumeSigner(b"not-the-secret").issue("20261204T000000Z-0badcafe", USER, 600)
+    cases = {"bad": (forged, USER), "other": (token, "mallory"), "expired": (past, USER), "unknown": (token, USER)}
+    closes = {name: asyncio.run(refused(b, *case)) for name, case in cases.items()}
+    assert {name: code for name, (code, _) in closes.items()} == {
+        "bad": p.CLOSE_RESUME_BAD_TOKEN, "other": p.CLOSE_RESUME_OTHER_USER, "expired": p.CLOSE_RESUME_EXPIRED,
+        "unknown": p.CLOSE_RESUME_UNKNOWN}
+    assert all(token not in reason and forged not in reason for _, reason in closes.values())
+    assert token not in b.log.read_text(), "tokens are never logged"
+
+
+def test_with_redis_down_sessions_go_on_and_resume_is_unavailable(redis: RedisServer, b: RunningServer) -> None:
+    """Last in this module: it stops the module's Redis."""
+    redis.stop()
+    deadline = time.monotonic() + 10  # /readyz answers at once with the store's latest answer, and pings it anew
+    while (info := httpx.get(f"{b.http}/readyz", timeout=10)).json()["resume"]["available"]:
+        assert info.status_code == 200 and time.monotonic() < deadline
+        time.sleep(0.2)
+    assert info.status_code == 200, "the replica still serves new sessions"
+
+    async def session() -> p.SessionReady:
+        async with connect(b.http, user=USER) as conversation:
+            await conversation.stream_audio(np.zeros(SAMPLE_RATE, np.float32))
+            async for item in conversation:
+                if isinstance(item, p.SessionReady):
+                    return item
+        raise AssertionError(f"no session.ready: {conversation.close_code} {conversation.close_reason}")
+
+    ready = asyncio.run(session())
+    assert ready.resume is not None
+    deadline = time.monotonic() + 10  # its teardown tries to drop the state, which takes the store's timeout
+    while httpx.get(f"{b.http}/api/info", timeout=10).json()["sessions"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    code, reason = asyncio.run(refused(b, ready.resume))
+    assert code == p.CLOSE_RESUME_UNAVAILABLE and "resume_unavailable" in reason
+
+
+def test_the_default_memory_store_resumes_a_lost_connection_on_the_same_server(tmp_path: Path) -> None:
+    """No Redis: a connection that drops resumes on the same process; a session closed normally does not."""
+    settings = pinned_settings(recordings_dir=tmp_path, max_sessions=1, asr=False)
+    pcm = np.zeros(SAMPLE_RATE, np.float32)
+    with in_process_server(settings, load_model("tiny")) as server:
+        async def run() -> tuple[p.SessionReady, p.SessionReady, SessionClosed]:
+            async with websockets.connect(chat_url(server.ws, events=True, user=USER)) as ws:
+                first = next(p.decode_event(m) for m in [await ws.recv() for _ in range(2)] if isinstance(m, str))
+                await asyncio.sleep(1.5)  # a save
+                ws.transport.abort()  # the connection drops: 1006
+            assert isinstance(first, p.SessionReady) and first.resume
+            deadline = time.monotonic() + 10
+            while server.state.sessions:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            again = await stream(chat_url(server.ws, events=True, user=USER, resume=first.resume), pcm)
+            (second,) = again.of_type("session.ready")
+            with pytest.raises(SessionClosed) as closed:  # that one ended normally: nothing is kept
+                await stream(chat_url(server.ws, events=True, user=USER, resume=second.resume), pcm)
+            return first, second, closed.value
+
+        first, second, closed = asyncio.run(run())
+    assert second.session_id == first.session_id and second.resumed_frames is not None
+    assert (closed.code, closed.error) == (p.CLOSE_RESUME_UNKNOWN, "resume_unknown")
