@@ -59,16 +59,17 @@ class SetTurn:
         return "answered" if t.said_exactly else "said wrong"
 
 
-def conversation_audio(conversation: Conversation) -> tuple[np.ndarray, list[tuple[float, float]]]:
-    """The conversation's audio: each question then `TURN_GAP_S` of silence; each question's (start, end) in seconds."""
+def conversation_audio(conversation: Conversation,
+                       gap_s: float = TURN_GAP_S) -> tuple[np.ndarray, list[tuple[float, float]]]:
+    """The conversation's audio: each question then `gap_s` of silence; each question's (start, end) in seconds."""
     parts = [np.zeros(int(LEAD_S * SAMPLE_RATE), np.float32)]
     spans = []
     t = LEAD_S
     for question in conversation.questions:
         speech = say(question.text, conversation.voice)
         spans.append((t, t + len(speech) / SAMPLE_RATE))
-        parts += [speech, np.zeros(int(TURN_GAP_S * SAMPLE_RATE), np.float32)]
-        t += len(speech) / SAMPLE_RATE + TURN_GAP_S
+        parts += [speech, np.zeros(int(gap_s * SAMPLE_RATE), np.float32)]
+        t += len(speech) / SAMPLE_RATE + gap_s
     return np.concatenate(parts), spans
 
 
@@ -77,9 +78,9 @@ def routed(router: Router, text: str, history: tuple[Answered, ...]) -> Answered
     return Answered(text, answer.tool, answer.arguments, answer.text) if answer else None
 
 
-async def converse(ws: str, conversation: Conversation) -> list[SetTurn]:
-    """One session asks the conversation's questions in turn; each is scored on its own stretch of stream time."""
-    pcm, spans = conversation_audio(conversation)
+async def converse(ws: str, conversation: Conversation, gap_s: float = TURN_GAP_S) -> list[SetTurn]:
+    """One session asks the conversation's questions in turn, `gap_s` apart; each is scored from its own `<ret>`."""
+    pcm, spans = conversation_audio(conversation, gap_s)
     last_start, last_end = spans[-1]
     result = await stream_when_free(chat_url(ws, events=True), pcm, until=answered(last_end, last_start),
                                     until_timeout_s=40.0)
@@ -164,24 +165,28 @@ def whisper_wer(testset: FrozenTestSet) -> dict[str, Any]:
     return {"wer": wer([r["question"] for r in rows], [r["heard"] for r in rows]), "rows": rows}
 
 
-def run_testset(checkpoint: Path, prefill: str, batch: int, testset: FrozenTestSet, false_ask: bool) -> dict[str, Any]:
-    """One server, default deadlines: the conversations `batch` at a time, then (if `false_ask`) chatter and noise."""
+def run_testset(checkpoint: Path, prefill: str, batch: int, testset: FrozenTestSet, false_ask: bool,
+                serve_with: Sequence[str] = (), gap_s: float = TURN_GAP_S) -> dict[str, Any]:
+    """One server, default settings but for `serve_with`: the conversations `batch` at a time, then (if `false_ask`)
+    chatter and noise."""
     with tempfile.TemporaryDirectory() as tmp:
         process, http = start_server(Path(tmp), "--profile", "contextspan", "--checkpoint", str(checkpoint),
-                                     "--max-sessions", str(batch), "--span-prefill", prefill, *SERVER_FLAGS)
+                                     "--max-sessions", str(batch), "--span-prefill", prefill, *SERVER_FLAGS,
+                                     *serve_with)
         ws = "ws" + http.removeprefix("http")
         conversations = testset.conversations
         try:
             turns: list[SetTurn] = []
             for lo in range(0, len(conversations), batch):
                 async def some(part: Sequence[Conversation] = conversations[lo:lo + batch]) -> list[list[SetTurn]]:
-                    return await asyncio.gather(*[converse(ws, c) for c in part])
+                    return await asyncio.gather(*[converse(ws, c, gap_s) for c in part])
 
                 turns += [t for group in asyncio.run(some()) for t in group]
             quiet = asyncio.run(false_asks(ws, testset)) if false_ask else {}
         finally:
             stop_server(process)
-    return {"set": "test", "prefill": prefill, "batch": batch, **testset_summary(turns), **quiet,
+    return {"set": "test", "prefill": prefill, "batch": batch, "serve_with": list(serve_with), "turn_gap_s": gap_s,
+            **testset_summary(turns), **quiet,
             "turns": [{**asdict(t), "outcome": t.outcome} for t in turns]}
 
 

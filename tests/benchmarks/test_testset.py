@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,8 +15,9 @@ import pytest
 from backend_agent.request import Answered
 from backend_agent.router import Router
 from backend_agent.tools import build_catalogue
-from benchmarks.behaviour import Turn, numbers_right
+from benchmarks.behaviour import Turn, numbers_right, score
 from benchmarks.behaviour_testset import SetTurn, routed, wer
+from benchmarks.harness import StreamResult
 from benchmarks.harness.testset import (
     MIN_EDITS,
     TESTSET_PATH,
@@ -134,3 +136,19 @@ def test_abstain_turns_are_apart_from_tool_answers_and_misheard_is_a_miss_of_its
 def test_word_error_counts_numbers_as_digits_on_both_sides() -> None:
     assert wer(["What does twenty-four times six equal?"], ["What does 24 times 6 equal"]) == 0.0
     assert wer(["which date was it yesterday"], ["which day was it yesterday"]) == 0.2
+
+
+def test_a_late_span_is_scored_with_the_ret_it_answers_not_the_question_it_lands_in() -> None:
+    def event(kind: str, t: float, **fields: object) -> SimpleNamespace:
+        return SimpleNamespace(type=kind, t=t, **fields)
+
+    result = StreamResult(events=[
+        event("retrieval", 3.0), event("retrieval", 13.0),  # one `<ret>` after each question (at 0 s and at 10 s)
+        event("question", 11.0, text="what is nine plus ten"),
+        event("span.injected", 11.0, text="(tool result) Nine plus ten is nineteen.", step=140),
+        event("agent.text", 11.1, frame=140, text=" Nine plus ten is nineteen."),
+        event("span.dropped", 16.0, reason="late: no answer within 2.5 s of the request", text=""),
+    ])
+    first, second = score("q1", 2.5, result, 0.0, 10.0), score("q2", 12.0, result, 10.0)
+    assert first.span and first.recall == 1.0 and first.heard == "what is nine plus ten"
+    assert second.asked and second.span is None and second.dropped and second.dropped.startswith("late")
