@@ -1,12 +1,18 @@
 """`contextspan bench behaviour`: what the trained tiny Context Spanning model does on a real server, by behaviour.
 
 A server runs `--profile contextspan --checkpoint DIR` (the tiny model trained by `contextspan train`, from the
-cache), trigger `auto` (-> `ret`), the real Whisper and the built-in router, no forcing hook. Held-out spoken
-questions (sentences and a voice training never used) stream in over the real WebSocket + Opus path. Per question:
-did the model emit `<ret>` itself, which span went in, and how many of the span's words the agent's text then said
-in order; times from the end of the question to `<ret>`, to the span injected, to the first answer word (stream time,
-80 ms a frame). Also: `<ret>` per minute in silence and in chatter that asks nothing. Runs with one-pass and chunked
-span prefill, one session at a time and four at once (a batch of 4).
+cache), trigger `auto` (-> `ret`), the real Whisper and the built-in router, no forcing hook, the server's default
+span deadline and question wait. Two sets of spoken questions stream in over the real WebSocket + Opus path:
+
+- the test set (`benchmarks/harness/testset.py`, scored by `benchmarks/behaviour_testset.py`): frozen, never used to
+  choose a recipe; conversations of several questions with follow-ups, phrasings and voices training never used;
+- the development set: the recipes' held-out questions (sentences and a voice training never used), one a session;
+  recipes were chosen while looking at it, so it flatters.
+
+Per question: did the model emit `<ret>` itself, which span went in, and how many of the span's words the agent's text
+then said in order; times from the end of the question to `<ret>`, to the span injected, to the first answer word
+(stream time, 80 ms a frame). Also: `<ret>` per minute in silence or room noise and in chatter that asks nothing.
+Runs with one-pass and chunked span prefill, one session at a time and two at once (a batch of 2).
 
 What it proves: the mechanism, end to end, on a model that learnt the convention. What it does not: the speech
 quality of the real 7B model (the tiny model's voice is its untrained depformer's noise).
