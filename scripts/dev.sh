@@ -45,6 +45,7 @@ setup_debian_packages() {
     command -v sox >/dev/null || missing+=(sox)
     if [ "$1" = test ]; then
         command -v chromium >/dev/null || missing+=(chromium chromium-driver)
+        command -v flite >/dev/null || missing+=(flite)  # the behaviour test set's unseen synthesizer
         compgen -G "/usr/lib/*/libopus.so.0" >/dev/null || missing+=(libopus0)  # for fujielab-moshi-client's opuslib
         command -v redis-server >/dev/null || missing+=(redis-server)  # the resume store's tests start their own
     fi
