@@ -89,6 +89,8 @@ class Seen:
     audio_samples: int = 0  # agent audio received
     silent_samples: int = 0  # of which silence
     sent_samples: int = 0  # user audio sent
+    clients_turn: bool = False  # a response ended with a tool call and none has opened since: no agent audio comes
+    withheld_samples: int = 0  # user audio sent meanwhile, to which no agent audio answers
 
     def of(self, type_: str) -> list[Any]:
         return [e for e in self.events if e.type == type_]
@@ -105,6 +107,10 @@ async def listen(connection: Any, seen: Seen) -> None:
             seen.raw.append(json.loads(data))
             event = connection.parse_event(data)
             seen.events.append(event)
+            if event.type == "response.done":
+                seen.clients_turn = [item.type for item in event.response.output or []][-1:] == ["function_call"]
+            elif event.type == "response.created":
+                seen.clients_turn = False
             if event.type == "response.output_audio.delta":
                 pcm = np.frombuffer(base64.b64decode(event.delta), "<i2").astype(np.float32) / 32768
                 seen.audio_samples += pcm.size
@@ -118,7 +124,8 @@ async def converse(server: RunningServer, pcm: np.ndarray, on_event: Any = None,
     `extra` events go out at their times; `on_event(connection, event)` answers events as they come.
 
     The schedule also waits for the agent's audio to be at most `LEAD_FRAMES` behind: a host too loaded to step a
-    frame in 80 ms would otherwise drop input past the server's backlog, and what this checks is the protocol."""
+    frame in 80 ms would otherwise drop input past the server's backlog, and what this checks is the protocol. In the
+    client's turn after a tool call no agent audio comes: the frames sent then are not waited for."""
     client = AsyncOpenAI(base_url=f"{server.http}/v1", api_key=KEY)
     seen = Seen()
     async with client.realtime.connect(model="contextspan-tiny") as connection:
@@ -139,16 +146,18 @@ async def converse(server: RunningServer, pcm: np.ndarray, on_event: Any = None,
             if chunk.size < FRAME_SAMPLES:
                 chunk = np.concatenate([chunk, silence((FRAME_SAMPLES - chunk.size) / SAMPLE_RATE)])
             await connection.input_audio_buffer.append(audio=pcm16(chunk))
+            seen.withheld_samples += FRAME_SAMPLES if seen.clients_turn else 0
             while on_event is not None and handled < len(seen.events):
                 await on_event(connection, seen.events[handled])
                 handled += 1
             frame += 1
             await asyncio.sleep(max(0.0, start + frame * FRAME_S - time.perf_counter()))
-            while seen.audio_samples < (frame - LEAD_FRAMES) * FRAME_SAMPLES and time.perf_counter() - start < 300:
+            while (seen.audio_samples + seen.withheld_samples < (frame - LEAD_FRAMES) * FRAME_SAMPLES
+                   and time.perf_counter() - start < 300):
                 await asyncio.sleep(0.02)
         sent = frame * FRAME_SAMPLES
         deadline = time.monotonic() + 20  # a hang guard: a loaded host answers late, not less
-        while seen.audio_samples < sent - 2 * FRAME_SAMPLES and time.monotonic() < deadline:
+        while seen.audio_samples + seen.withheld_samples < sent - 2 * FRAME_SAMPLES and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         seen.sent_samples = sent
         listener.cancel()
@@ -185,6 +194,7 @@ def conversation(server: RunningServer, question: np.ndarray) -> Seen:
             await connection.conversation.item.create(item={
                 "type": "function_call_output", "call_id": event.call_id,
                 "output": "Sunny and twenty degrees in Paris."})
+            await connection.response.create()  # as OpenAI's function-calling guide has it: the client's turn ends
 
     item = {"type": "conversation.item.create",
             "item": {"id": "item_booked", "type": "message", "role": "system",
@@ -369,11 +379,15 @@ def test_agent_audio_comes_at_the_frame_clock_for_the_whole_input_silence_includ
     assert conversation.silent_samples >= 2.0 * SAMPLE_RATE  # the agent listened to the question: sent too
 
 
-def test_each_agent_turn_and_the_silence_after_it_is_one_response_holding_its_audio_and_tool_calls(
+def test_each_agent_turn_and_the_silence_after_it_is_one_response_and_a_tool_call_ends_it_for_the_clients_turn(
         conversation: Seen) -> None:
     created, done = conversation.of("response.created"), conversation.of("response.done")
     assert len(created) >= 2 and [d.response.id for d in done] == [c.response.id for c in created[:len(done)]]
-    assert len(done) == len(created) - 1 and {d.response.status for d in done} == {"completed"}
+    assert {d.response.status for d in done} == {"completed"}
+    if len(done) == len(created):  # none open at the end: the client's turn after its tool call
+        assert [item.type for item in done[-1].response.output][-1] == "function_call"
+    else:
+        assert len(done) == len(created) - 1
     assert outside_the_open_response(conversation) == []
 
 
