@@ -135,8 +135,9 @@ class SessionHistory:
         settings = torch.stack([sampler.temperature[s][slot].double() for s in Stream]
                                + [t[s][slot].double() for t in (sampler.topk, sampler.seed) for s in Stream]
                                + [sampler.draws[slot].double()])
-        columns, pending, values = (t.cpu() for t in (log.recent(slot, offset, n).long(),
-                                                      state.cache[slot, :, offset % state.cache.shape[2]], settings))
+        # A copy of the ring's column: on CPU `.cpu()` is no copy, and the session's next step would change it.
+        pending = state.cache[slot, :, offset % state.cache.shape[2]].clone()
+        columns, pending, values = (t.cpu() for t in (log.recent(slot, offset, n).long(), pending, settings))
         text_t, audio_t, text_k, audio_k, text_s, audio_s, draws = values.tolist()
         sampling = RowSampling(text_t, int(text_k), audio_t, int(audio_k), int(text_s), int(audio_s))
         return cls(offset - n, columns, pending, sampling, int(draws))
