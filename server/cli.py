@@ -54,7 +54,7 @@ BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
               "faults": "benchmarks.fault_isolation", "qa": "benchmarks.qa", "levelling": "benchmarks.user_levelling",
               "behaviour": "benchmarks.behaviour", "copy": "benchmarks.copying",
               "layout": "benchmarks.checkpoint_layout", "kyutai": "benchmarks.kyutai_baseline",
-              "frameworks": "benchmarks.realtime_frameworks"}
+              "frameworks": "benchmarks.realtime_frameworks", "window": "benchmarks.window"}
 
 
 def serve(settings: ServerSettings) -> int:

@@ -64,6 +64,11 @@ class ServerSettings(BaseSettings):
     span_prefill: Literal["faster", "one-pass", "chunked"] = Field(
         "faster", description="how spans are written: whichever the startup measurement found faster per length, one "
         "forward pass, or power-of-two chunks on a scratch row (the same state either way)")
+    window: Literal["auto", "keep-prefix", "slide"] = Field(
+        "auto", description="a session past the model's context: keep-prefix keeps its persona prefix and prefills its "
+        "most recent frames again right after it (exact, a prefill every context/8 frames); slide lets the prefix "
+        "scroll out (moshi's ring); auto: keep-prefix for the PersonaPlex family (PersonaPlex, Context Spanning), "
+        "trained with a prefix, slide for the others")
     max_connections_per_ip: int = Field(8, ge=1, description="open WebSockets per client address (HTTP 429 over)")
     max_message_bytes: int = Field(256 * 1024, ge=1024, description="larger WebSocket messages close with 1009")
     keepalive_s: float = Field(

@@ -19,9 +19,10 @@ from frontend_model.engine.batch_engine import BatchEngine, RowFault
 from frontend_model.engine.chunked_prefill import SpanPrefill
 from frontend_model.engine.codec import BatchFrameCodec
 from frontend_model.engine.device_memory import drop_streaming_state, release_memory
-from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, GREEDY, SAMPLED, SamplingConfig
-from frontend_model.engine.history import SessionHistory, replay
+from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, GREEDY, SAMPLED, EngineStateError, SamplingConfig
+from frontend_model.engine.history import SessionHistory, replay, start_recording
 from frontend_model.engine.optimisations import Optimisations
+from frontend_model.engine.window import refill_window
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.graphs import to_host
@@ -50,15 +51,19 @@ class BatchedModel:
         frame_budget_s: float = FRAME_S,
         prefill: SpanPrefill = SpanPrefill.ONE_PASS,
         optimisations: Optimisations | None = None,
+        record: bool = False,
     ) -> None:
         """`cost` and `frame_budget_s` cap a span so that its prefill fits the budget, `prefill` says how it is
-        written, `optimisations` which GPU optimisations are off (see Engine)."""
+        written, `optimisations` which GPU optimisations are off (see Engine); `record` keeps each slot's consumed
+        columns on the device (engine/history.py), which `keep_window` feeds again."""
         self.model = model
         self.slots = slots
         self.engine = BatchEngine(model, slots, sampling, max_span_frames, cost, frame_budget_s, prefill,
                                   optimisations)
         self.codec = BatchFrameCodec(model.mimi, slots)
         self.frames_stepped = [0] * slots
+        if record:
+            start_recording(self.engine)
 
     @property
     def optimisations(self) -> Optimisations:
@@ -115,6 +120,18 @@ class BatchedModel:
 
     def inject(self, slot: int, block: Block) -> None:
         self.engine.inject_slot(slot, block)
+
+    def keep_window(self, slot: int, prefix_frames: int, keep: int) -> None:
+        """`slot`'s cache becomes its prefix and its `keep` most recent frames, as a fresh prefill of them would
+        leave it (engine/window.py); the other slots are untouched. Needs a batch that records."""
+        if self.engine.recorder is None:
+            raise EngineStateError("keep_window feeds a slot's recorded columns again: make the batch with record")
+        columns = self.engine.recorder.recent(slot, self.slot_offset(slot), keep)
+        refill_window(self.engine, slot, prefix_frames, columns.long())
+
+    def offsets(self) -> list[int]:
+        """Every slot's offset (`slot_offset`), in one read from the device."""
+        return self.engine._state().offsets.tolist()
 
     def prepare_span(self, text: str) -> SpanBuild:
         """Backend text -> a block within the span cap (Engine.prepare_span): CPU work, on any thread."""

@@ -78,6 +78,13 @@ class ColumnLog:
         kept = self.columns.gather(2, slot)[..., 0]
         self.columns.scatter_(2, slot, torch.where(state.exec_mask[:, None], column.int(), kept)[..., None])
 
+    def recent(self, slot: int, offset: int, n: int) -> torch.Tensor:
+        """`slot`'s columns at positions offset - n .. offset - 1, [rows, n] int32 on the device."""
+        if not 0 <= n <= min(self.keep, offset):
+            raise ValueError(f"{n} columns before position {offset}; this log keeps {self.keep}")
+        at = torch.arange(offset - n, offset, device=self.columns.device) % self.columns.shape[2]
+        return self.columns[slot][:, at]
+
     def forced(self, lo: int, start: torch.Tensor, columns: torch.Tensor, embedded: int = 0) -> None:
         """`columns` [rows lo.., rows, n] written into the stream from positions `start` [rows lo..] on, after
         `embedded` positions filled with replayed embeddings (marked EMBEDDED)."""
@@ -126,12 +133,12 @@ class SessionHistory:
         sampler = engine._sampler()
         offset = int(state.offsets[slot])
         n = min(log.keep, offset)
-        at = torch.arange(offset - n, offset, device=log.columns.device) % log.columns.shape[2]
         settings = torch.stack([sampler.temperature[s][slot].double() for s in Stream]
                                + [t[s][slot].double() for t in (sampler.topk, sampler.seed) for s in Stream]
                                + [sampler.draws[slot].double()])
-        columns, pending, values = (t.cpu() for t in (log.columns[slot][:, at].long(),
-                                                      state.cache[slot, :, offset % state.cache.shape[2]], settings))
+        # A copy of the ring's column: on CPU `.cpu()` is no copy, and the session's next step would change it.
+        pending = state.cache[slot, :, offset % state.cache.shape[2]].clone()
+        columns, pending, values = (t.cpu() for t in (log.recent(slot, offset, n).long(), pending, settings))
         text_t, audio_t, text_k, audio_k, text_s, audio_s, draws = values.tolist()
         sampling = RowSampling(text_t, int(text_k), audio_t, int(audio_k), int(text_s), int(audio_s))
         return cls(offset - n, columns, pending, sampling, int(draws))

@@ -92,6 +92,8 @@ def roll_window(engine: Engine, row: int, prefix_frames: int, keep: int) -> None
         ring.end_offset[row] = new_offset
         mha.offset[row] = new_offset
     engine.model.lm.transformer._streaming_state.offsets[row] = new_offset
+    if engine.recorder is not None:
+        _relog(engine, row, prefix_frames, engine.recorder.recent(row, offset, keep))
     _turn_token_ring(engine, row, offset, new_offset)
 
 
@@ -118,4 +120,13 @@ def refill_window(engine: Engine, row: int, prefix_frames: int, columns: torch.T
             forward_last(lm, embed_columns(lm, columns.to(engine.model.device)[None]))
     finally:
         engine.lm_gen.set_exec_mask(exec_mask)
+    _relog(engine, row, prefix_frames, columns)
     _turn_token_ring(engine, row, offset, prefix_frames + keep)
+
+
+def _relog(engine: Engine, row: int, prefix_frames: int, columns: torch.Tensor) -> None:
+    """The session history (engine/history.py) follows the window: the kept columns now sit right after the prefix,
+    so the next roll, and a replay, read them there."""
+    if engine.recorder is not None:
+        start = torch.full((1,), prefix_frames, device=engine.model.device)
+        engine.recorder.forced(row, start, columns.to(engine.model.device)[None])

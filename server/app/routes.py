@@ -30,12 +30,12 @@ from frontend_model.engine.device_memory import (
     set_device,
     weight_bytes,
 )
-from frontend_model.engine.history import start_recording
 from frontend_model.engine.optimisations import Optimisations
 from frontend_model.loading.loader import LoadedModel, ModelLoadError, default_device, load_model
 from frontend_model.span.build import MIN_SPAN_FRAMES
 from server.batching.batcher import Batcher
 from server.batching.tick_scheduler import TICK_SHARE, admission_log, admit
+from server.batching.window_policy import WindowPolicy, resolve_window
 from server.batching.worker import ModelWorker, WorkerRestarted
 from server.guard import auth
 from server.guard.limits import ConnectionsPerAddress
@@ -172,6 +172,7 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
                 model.device,
                 admission_log(state.settings.admission, batcher.capacity, cost.tick, state.settings.deadline_ms / 1e3))
     logger.info("retrieval trigger: %s (%s)", trigger.trigger, trigger.why)
+    logger.info("past the %d-frame context: %s", model.span.context, batcher.window_mode)
     if trigger.trigger == "asr" and state.backend.asr_process is None:
         logger.warning("retrieval trigger asr needs speech recognition, which is off: no retrieval will start")
     state.model, state.worker, state.trigger = model, worker, trigger
@@ -197,20 +198,22 @@ async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWor
     budget_s = settings.deadline_ms / 1e3
     admitted = admit(settings.admission, cost.tick, budget_s, settings.max_sessions, cost.memory_slots)
     span_budget_s = cost.span_budget(budget_s, admitted.slots)
+    window = resolve_window(settings.window, model.span.contract.prefix_silences_always)
     # A fixed cap is an unbounded budget: spans still go the way calibration measured faster, as the scheduler expects.
     batched = await worker.run(lambda: start_batch(lambda: BatchedModel(
         model, admitted.slots, max_span_frames=settings.max_span_frames, cost=cost.prefill,
         frame_budget_s=span_budget_s if settings.span_cap == "calibrated" else math.inf,
-        prefill=SpanPrefill(settings.span_prefill), optimisations=optimisations)))
+        prefill=SpanPrefill(settings.span_prefill), optimisations=optimisations,
+        # every slot keeps its token history on the device: to be saved and resumed, or to refill its window
+        record=window == "keep-prefix" or state.resumes is not None)))
     cost = replace(cost, prefill=batched.engine.cost or cost.prefill)  # one-pass costs where its chunks did not start
     if batched.span_frame_cap < MIN_SPAN_FRAMES:
         logger.warning(no_span_budget_warning(cost.prefill, span_budget_s))
     per_session = session_bytes(model.lm, model.mimi, settings.max_span_frames).total
     scratch = batched.scratch_bytes()
     state.memory = await worker.run(lambda: device_memory(model.lm, model.mimi, per_session, scratch))
-    if state.resumes is not None:  # every slot keeps its token history on the device, to be saved and resumed
-        await worker.run(lambda: start_recording(batched.engine))
-    batcher = Batcher(batched, worker, cost, admitted, budget_s, settings.span_deadline_s, state.metrics)
+    batcher = Batcher(batched, worker, cost, admitted, budget_s, settings.span_deadline_s, state.metrics,
+                      WindowPolicy.for_context(model.span.context) if window == "keep-prefix" else None)
     batcher.start()
     state.metrics.session_slots.set(admitted.slots)
     return batcher
@@ -468,6 +471,7 @@ def _info(state: ServerState) -> dict[str, object]:
         "trigger": state.trigger.trigger if state.trigger else state.settings.trigger,
         "trigger_why": state.trigger.why if state.trigger else None,
         "app_spans": state.settings.app_spans,
+        "window": state.batcher.window_mode if state.batcher else state.settings.window,
         "auth": bool(state.settings.api_keys),
         "draining": state.draining,
         "memory": memory.as_dict() if (memory := memory_report(state)) else None,

@@ -8,7 +8,8 @@ worker; a span that does not fit stays the slot's span for a later tick. A newer
 (reported superseded). A failure in one slot's own work (its frame, its span) fails that session only, and so does a
 failure of its row inside the batched step (BatchEngine isolates it: the other sessions get their frames, their
 state untouched). Only a failure no single row explains (the step fails for any rows, the codec fails) fails every
-session in that tick.
+session in that tick. A session about to pass the model's context has its window rolled first, in its tick, its
+persona prefix kept (server/batching/window_policy.py decides when and how much).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from frontend_model.moshi_internals.row_sampling import RowSampling, SamplingConfig
 from frontend_model.span.block import Prefix
 from server.batching.tick_scheduler import Capacity, TickScheduler, Waiting
+from server.batching.window_policy import WindowMode, WindowPolicy
 from server.batching.worker import ModelWorker
 from server.ops.metrics import Metrics
 from server.session.retrieval import SpanAnswer
@@ -77,8 +79,12 @@ def _report_end(task: asyncio.Task[None]) -> None:
 
 class Batcher:
     def __init__(self, model: BatchedModel, worker: ModelWorker, cost: TickCost, capacity: Capacity,
-                 budget_s: float, span_deadline_s: float, metrics: Metrics) -> None:
+                 budget_s: float, span_deadline_s: float, metrics: Metrics, window: WindowPolicy | None = None
+                 ) -> None:
+        """`window`: how sessions past the context keep their prefix (server/batching/window_policy.py), on a
+        `model` that records; None: moshi's ring slides."""
         self.model = model
+        self.window = window
         self.worker = worker
         self.cost = cost
         self.capacity = capacity
@@ -91,12 +97,17 @@ class Batcher:
         self._in_flight: dict[int, _Pending] = {}
         self._spans: dict[int, _SlotSpans] = {}  # slot -> its spans, while a session holds the slot
         self._arrivals: dict[int, float] = {}  # slot -> when its latest frame arrived
+        self._prefix_frames: dict[int, int] = {}  # slot -> its session's prefix, kept by its window
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     @property
     def size(self) -> int:
         return self.model.slots
+
+    @property
+    def window_mode(self) -> WindowMode:
+        return "slide" if self.window is None else "keep-prefix"
 
     @property
     def free(self) -> int:
@@ -133,6 +144,7 @@ class Batcher:
         prefill_s = await self.worker.run(lambda: self.model.open_slot(slot, prefix, sampling))
         self._active.add(slot)
         self._spans[slot] = _SlotSpans()
+        self._prefix_frames[slot] = prefix.frames if prefix is not None else 0
         return prefill_s
 
     async def resume(self, slot: int, history: SessionHistory, embeddings: torch.Tensor | None) -> float:
@@ -158,6 +170,7 @@ class Batcher:
         self._active.discard(slot)
         self._spans.pop(slot, None)
         self._arrivals.pop(slot, None)
+        self._prefix_frames.pop(slot, None)
         pending = self._pending.pop(slot, None)
         if pending is not None:
             pending.future.cancel()
@@ -296,9 +309,13 @@ class Batcher:
         failed: dict[int, _SlotResult] = {}
         outcomes: dict[int, tuple[SpanOutcome, ...]] = {}
         pcm: dict[int, np.ndarray] = {}
+        offsets = self.model.offsets() if self.window is not None else []
         for slot, (frame, span) in frames.items():
             try:
                 pcm[slot] = self._slot_frame(frame)
+                if self.window is not None:
+                    span_frames = span[0].built.frames if span is not None else 0
+                    self._keep_window(self.window, slot, offsets[slot], span_frames)
                 outcomes[slot] = (self._slot_span(slot, *span),) if span is not None else ()
             except Exception as exc:
                 logger.exception("slot %d failed before the tick", slot)
@@ -319,6 +336,17 @@ class Batcher:
             results[slot] = _SlotResult(FrameOutput(frames[slot][0], out.agent_pcm, out.text_token, compute_s,
                                                     outcomes[slot]))
         return results
+
+    def _keep_window(self, window: WindowPolicy, slot: int, offset: int, span_frames: int) -> None:
+        """Roll `slot`'s window before its span and step if they would pass the context (window_policy.py): a
+        prefill of the kept frames, on this tick's time."""
+        prefix_frames = self._prefix_frames.get(slot, 0)
+        keep = window.roll(offset, prefix_frames, span_frames + 1)
+        if keep is None:
+            return
+        start = time.perf_counter()
+        self.model.keep_window(slot, prefix_frames, keep)
+        self.metrics.window_rolls.observe(time.perf_counter() - start)
 
     def _slot_frame(self, frame: InputFrame) -> np.ndarray:
         pcm = frame.pcm

@@ -65,6 +65,11 @@ class Metrics:
             "seconds means the worker waited for the GIL or for a core",
             buckets=_MS_BUCKETS, registry=r,
         )
+        self.window_rolls = Histogram(
+            "contextspan_window_roll_seconds", "A session's window rolled past the context (its prefix kept, its "
+            "recent frames prefilled again after it), on the worker before its tick",
+            buckets=_MS_BUCKETS, registry=r,
+        )
         self.spans_deferred = Counter(
             "contextspan_spans_deferred", "Span injections put off to a later tick: they did not fit its budget",
             registry=r,

@@ -30,6 +30,14 @@ def test_bench_batch_reports_every_batch_size(tmp_path: Path) -> None:
     assert report["rows"][0]["p50_vs_one_session"] == 1.0
 
 
+def test_bench_window_rolls_a_session_past_its_context_and_compares_it_with_sliding(tmp_path: Path) -> None:
+    out = tmp_path / "window.json"
+    bench("window", "--context", "96", "--frames", "110", "--paced", "30", "--json", str(out))
+    keep, slide = json.loads(out.read_text())["runs"]
+    assert keep["window"] == "keep-prefix" and keep["rolls"] > 0 and keep["roll"]["p50_ms"] > 0
+    assert keep["final_offset"] <= 96 < slide["final_offset"] and slide["rolls"] == 0
+
+
 @pytest.mark.parametrize(("phases", "page_ms"), [("spread", "80"), ("aligned", "40")])
 def test_bench_load_measures_every_frame(tmp_path: Path, phases: str, page_ms: str) -> None:
     out = tmp_path / "load.json"

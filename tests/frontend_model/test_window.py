@@ -20,6 +20,7 @@ import torch
 from frontend_model.engine.batch_engine import BatchEngine
 from frontend_model.engine.columns import forward_last
 from frontend_model.engine.engine import GREEDY, Engine, StepResult
+from frontend_model.engine.history import SessionHistory, replay, start_recording
 from frontend_model.engine.window import refill_window, roll_window, rotate_keys
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.kv_ring import attention_layers
@@ -262,3 +263,23 @@ def test_a_window_needs_the_frames_it_keeps(two_layers: LoadedModel) -> None:
         engine.prefill(prefix)
         with pytest.raises(ValueError, match="needs an offset of at least"):
             roll_window(engine, 0, prefix.frames, 1)
+
+
+def test_the_session_history_follows_a_refilled_window(two_layers: LoadedModel) -> None:
+    """The recorded columns move with the window, so a session resumed from its history after a roll (issue 36) reads
+    [prefix + kept frames] and steps as the rolled one does."""
+    prefix = persona_prefix(two_layers, "codes")
+    user = user_frames(PAST + AFTER, seed=3)
+    stepped = PAST - prefix.frames
+    with Engine(two_layers, GREEDY, max_span_frames=MAX_SPAN) as engine:
+        log = start_recording(engine)
+        engine.prefill(prefix)
+        for frame in user[:stepped]:
+            engine.step(frame)
+        refill_window(engine, 0, prefix.frames, log.recent(0, engine.offset, KEEP).long())
+        history = SessionHistory.of(engine)
+        rolled = steps(engine, user[stepped : stepped + AFTER])
+    assert (history.start, history.offset) == (0, prefix.frames + KEEP)
+    with Engine(two_layers, GREEDY, max_span_frames=MAX_SPAN) as resumed:
+        replay(resumed, history)
+        assert gap(steps(resumed, user[stepped : stepped + AFTER]), rolled) <= ATOL

@@ -1,0 +1,64 @@
+"""When a session's window rolls and how many recent frames it keeps: pure decisions, no model.
+
+A step at stream position q attends to positions q - context + 1 .. q, so the persona prefix (positions 0..P-1) is
+wholly in reach while every position a slot writes is below `context`. A slot therefore rolls before the frames a
+tick writes for it (its span, if one rides, then its step) would reach position `context`: its cache becomes
+[prefix + its `keep` most recent frames], exactly a fresh prefill of those (frontend_model/engine/window.py,
+`refill_window`), and the tick's frames follow. A span is counted in the tick's frames, so it never straddles a roll:
+the roll comes before it. Rolling at `context` rather than at the ring's capacity (`context + max_span_frames`, the
+hard limit of a refill) keeps the whole prefix in reach of every step, not only of the ring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+WindowMode = Literal["keep-prefix", "slide"]
+
+# The share of the context a roll frees: after it the slot writes that many frames before the next roll. A roll
+# costs a prefill of `keep` frames, paid once per headroom frames; 1/8 rolls a 7B model (3000 frames) once per 30 s
+# and still leaves the model 7/8 of its reach as recent history. A larger share rolls less often and forgets more.
+HEADROOM_SHARE = 8
+
+
+def resolve_window(setting: Literal["auto", "keep-prefix", "slide"], prefixed_family: bool) -> WindowMode:
+    """auto: keep-prefix for the checkpoints trained on sequences that start with a prefix (the PersonaPlex family:
+    PersonaPlex and Context Spanning), slide (moshi's own ring) for the others."""
+    if setting == "auto":
+        return "keep-prefix" if prefixed_family else "slide"
+    return setting
+
+
+@dataclass(frozen=True)
+class WindowPolicy:
+    """`context`: frames the model attends to; `headroom`: frames a slot writes between two rolls."""
+
+    context: int
+    headroom: int
+
+    @classmethod
+    def for_context(cls, context: int) -> WindowPolicy:
+        return cls(context, max(1, context // HEADROOM_SHARE))
+
+    def keeps_prefix(self, prefix_frames: int) -> bool:
+        """Whether a slot with this prefix rolls at all: without a prefix there is nothing to keep (it slides), and a
+        prefix that leaves less than the headroom cannot be kept with recent frames after it."""
+        return prefix_frames > 0 and prefix_frames + self.headroom < self.context
+
+    def roll(self, offset: int, prefix_frames: int, incoming: int) -> int | None:
+        """Frames to keep when a slot at `offset` must roll before it writes `incoming` frames (its span, then its
+        step); None when they fit, or when the slot cannot keep its prefix (it slides).
+
+        keep = context - P - max(headroom, incoming): the incoming frames fit after the roll, and the slot has at
+        least `headroom` frames before the next one. A span longer than context - P - headroom fits no such window:
+        the slot keeps the usual window where it has the frames, the span goes in past `context` (its last frames
+        see part of the prefix only) and the slot rolls again at its next tick; either way its offset stays within
+        context + max_span_frames, where its ring still holds the prefix."""
+        if not self.keeps_prefix(prefix_frames) or offset + incoming <= self.context:
+            return None
+        fit = self.context - prefix_frames - max(self.headroom, incoming)
+        if fit >= 0:
+            return fit
+        usual = self.context - prefix_frames - self.headroom
+        return usual if offset - prefix_frames >= usual else None

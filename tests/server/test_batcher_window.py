@@ -1,0 +1,229 @@
+"""Served sessions past the context keep their prefix: the batcher rolls a slot's window in its tick, and the slot then
+reads exactly what a fresh engine prefilled with [prefix + the same recent columns] reads (float32, tiny model with a
+96-frame context, so that a session passes it in a few seconds of CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from frontend_model.engine.batch_model import BatchedModel
+from frontend_model.engine.calibration import PrefillCost, TickCost
+from frontend_model.engine.columns import embed_columns, forward_last
+from frontend_model.engine.engine import GREEDY, Engine
+from frontend_model.frame import FRAME_SAMPLES
+from frontend_model.loading.loader import LoadedModel
+from frontend_model.moshi_internals.kv_ring import attention_layers
+from frontend_model.span.block import Block, Prefix
+from frontend_model.span.build import build_prefix
+from server.batching.batcher import Batcher
+from server.batching.tick_scheduler import Capacity
+from server.batching.window_policy import WindowPolicy
+from server.batching.worker import ModelWorker
+from server.ops.metrics import Metrics
+from server.session.retrieval import SpanAnswer
+from server.session.spans import FrameOutput
+from server.wire.frame_clock import InputFrame
+from tests.frontend_model.test_engine_equivalence import PERSONA, voice_codes
+from tests.support.engine import tiny_model
+
+CONTEXT = 96
+MAX_SPAN = 64
+POLICY = WindowPolicy.for_context(CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    return tiny_model(context=CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def reference(model: LoadedModel) -> LoadedModel:
+    """The same weights again, for the fresh engine beside the streaming batch (a model streams once at a time)."""
+    again = tiny_model(context=CONTEXT)
+    assert again.lm is not model.lm and torch.equal(again.lm.text_linear.weight, model.lm.text_linear.weight)
+    return again
+
+
+@pytest.fixture(scope="module")
+def prefix(model: LoadedModel) -> Prefix:
+    built = build_prefix(PERSONA, model.tokenizer, model.span, voice_codes(model, 7), model.lm.delays)
+    assert built is not None and POLICY.keeps_prefix(built.frames)
+    return built
+
+
+@dataclass
+class Roll:
+    """What a roll left in its slot, read at once (before the tick's step), and that tick's step."""
+
+    slot: int
+    offset: int  # before the roll
+    keep: int
+    columns: torch.Tensor  # the kept frames' columns [rows, keep]
+    kv: list[torch.Tensor]  # each layer's K/V of the slot, positions 0..P+keep-1
+    token_ring: torch.Tensor
+    codes: torch.Tensor | None = None  # the tick's user codes for the slot
+    logits: torch.Tensor | None = None  # and its text logits
+
+
+@pytest.fixture
+def batched(model: LoadedModel) -> Iterator[BatchedModel]:
+    batched = BatchedModel(model, 2, GREEDY, max_span_frames=MAX_SPAN, record=True)
+    batched.start()
+    yield batched
+    batched.close()
+
+
+def spied(batched: BatchedModel) -> list[Roll]:
+    """Every roll the batcher makes, with the slot's state right after it and the step of its tick."""
+    rolls: list[Roll] = []
+    engine = batched.engine
+    keep_window, step_batch = batched.keep_window, engine.step_batch
+
+    def roll(slot: int, prefix_frames: int, keep: int) -> None:
+        offset = batched.slot_offset(slot)
+        assert engine.recorder is not None
+        columns = engine.recorder.recent(slot, offset, keep).long()
+        keep_window(slot, prefix_frames, keep)
+        kv = [attn._streaming_state.kv_cache.cache[:, slot, :, : prefix_frames + keep].clone()
+              for attn in attention_layers(batched.model.lm.transformer)]
+        rolls.append(Roll(slot, offset, keep, columns, kv, engine._state().cache[slot].clone()))
+
+    def step(codes: torch.Tensor, active: torch.Tensor):  # type: ignore[no-untyped-def]
+        out = step_batch(codes, active)
+        for r in rolls:
+            if r.codes is None:
+                assert engine.last_text_logits is not None
+                r.codes, r.logits = codes[r.slot].clone(), engine.last_text_logits[r.slot].clone()
+        return out
+
+    batched.keep_window = roll  # type: ignore[method-assign]
+    engine.step_batch = step  # type: ignore[method-assign]
+    return rolls
+
+
+def fresh_matches(model: LoadedModel, prefix: Prefix, roll: Roll, span: Block | None = None) -> None:
+    """A fresh engine prefilled with [prefix + the kept columns] holds the same keys and values, and with the rolled
+    slot's token ring (then the span that went in after the roll) and the same user codes its next text logits are
+    the rolled slot's."""
+    with Engine(model, GREEDY, max_span_frames=MAX_SPAN) as fresh:
+        fresh.prefill(prefix)
+        forward_last(model.lm, embed_columns(model.lm, roll.columns[None]))
+        state = fresh._state()
+        state.offsets += roll.keep
+        state.cache[0].copy_(roll.token_ring)
+        window = prefix.frames + roll.keep
+        for kv, attn in zip(roll.kv, attention_layers(model.lm.transformer), strict=True):
+            assert (kv - attn._streaming_state.kv_cache.cache[:, 0, :, :window]).abs().max().item() <= 1e-5
+        assert roll.codes is not None and roll.logits is not None
+        if span is not None:
+            fresh.steps = 1  # it goes on with a conversation: spans are taken at once
+            fresh.inject(span)
+        fresh.step(roll.codes)
+        assert fresh.last_text_logits is not None
+        assert (fresh.last_text_logits[0] - roll.logits).abs().max().item() <= 1e-5
+
+
+def batcher_for(batched: BatchedModel, window: WindowPolicy | None = POLICY) -> Batcher:
+    cost = TickCost({1: 0.001, 2: 0.001}, PrefillCost(step_s=0.001, span_s={1: 0.001, MAX_SPAN: 0.001}))
+    return Batcher(batched, ModelWorker("cpu"), cost, Capacity(2, "test"), 0.080, 30.0, Metrics(), window)
+
+
+def frame(i: int, seed: int) -> InputFrame:
+    pcm = np.random.default_rng([seed, i]).uniform(-0.3, 0.3, FRAME_SAMPLES).astype(np.float32)
+    return InputFrame(i, pcm, time.perf_counter())
+
+
+def serve(batcher: Batcher, prefixes: dict[int, Prefix],
+          body: Callable[[Batcher], Awaitable[list[FrameOutput]]]) -> list[FrameOutput]:
+    async def go() -> list[FrameOutput]:
+        batcher.start()
+        try:
+            for slot, prefix in prefixes.items():
+                await batcher.open(slot, prefix)
+            return await body(batcher)
+        finally:
+            await batcher.stop(RuntimeError("test over"))
+            batcher.worker.shutdown()
+
+    return asyncio.run(go())
+
+
+def rings(batched: BatchedModel) -> list[tuple[int, tuple[int, ...]]]:
+    return [(attn._streaming_state.kv_cache.cache.data_ptr(), tuple(attn._streaming_state.kv_cache.cache.shape))
+            for attn in attention_layers(batched.model.lm.transformer)]
+
+
+def test_a_session_past_its_context_keeps_its_prefix_as_a_fresh_prefill_would(
+        reference: LoadedModel, prefix: Prefix, batched: BatchedModel) -> None:
+    rolls = spied(batched)
+    memory = rings(batched)
+
+    async def body(batcher: Batcher) -> list[FrameOutput]:
+        return [await batcher.step(0, frame(i, 0)) for i in range(CONTEXT + 3 * POLICY.headroom)]
+
+    outputs = serve(batcher_for(batched), {0: prefix}, body)
+    assert len(outputs) == CONTEXT + 3 * POLICY.headroom
+    keep = CONTEXT - prefix.frames - POLICY.headroom
+    assert len(rolls) >= 3 and all(r.keep == keep and r.offset == CONTEXT for r in rolls)
+    assert batched.slot_offset(0) <= CONTEXT
+    assert rings(batched) == memory  # the window lives in the ring the session was given: no memory grows
+    for roll in (rolls[0], rolls[-1]):
+        fresh_matches(reference, prefix, roll)
+
+
+def test_without_a_window_policy_the_session_slides_past_its_context(prefix: Prefix, batched: BatchedModel) -> None:
+    rolls = spied(batched)
+
+    async def body(batcher: Batcher) -> list[FrameOutput]:
+        return [await batcher.step(0, frame(i, 0)) for i in range(CONTEXT - prefix.frames + 5)]
+
+    serve(batcher_for(batched, None), {0: prefix}, body)
+    assert rolls == [] and batched.slot_offset(0) == CONTEXT + 5
+
+
+def test_two_sessions_of_a_batch_roll_at_their_own_ticks(
+        reference: LoadedModel, prefix: Prefix, batched: BatchedModel) -> None:
+    rolls = spied(batched)
+    late = 17  # the second session joins this many frames after the first
+
+    async def body(batcher: Batcher) -> list[FrameOutput]:
+        outputs = [await batcher.step(0, frame(i, 0)) for i in range(late)]
+        await batcher.open(1, prefix)
+        for i in range(late, late + CONTEXT):
+            outputs += await asyncio.gather(batcher.step(0, frame(i, 0)), batcher.step(1, frame(i, 1)))
+        return outputs
+
+    serve(batcher_for(batched), {0: prefix}, body)
+    first = {slot: next(i for i, r in enumerate(rolls) if r.slot == slot) for slot in (0, 1)}
+    assert first[0] < first[1]
+    for roll in (rolls[first[0]], rolls[first[1]]):
+        fresh_matches(reference, prefix, roll)
+
+
+def test_a_span_that_would_pass_the_context_goes_in_after_the_roll(
+        reference: LoadedModel, prefix: Prefix, batched: BatchedModel) -> None:
+    rolls = spied(batched)
+
+    async def body(batcher: Batcher) -> list[FrameOutput]:
+        outputs, i = [], 0
+        while batched.slot_offset(0) < CONTEXT - 3:
+            outputs.append(await batcher.step(0, frame(i, 0)))
+            i += 1
+        batcher.request_span(0, SpanAnswer("The meeting is at noon in room four.", "kb", "test", "when?",
+                                           time.perf_counter()))
+        return [*outputs, await batcher.step(0, frame(i, 0))]
+
+    outputs = serve(batcher_for(batched), {0: prefix}, body)
+    (span,) = outputs[-1].spans
+    assert span.injected and span.frames > 3
+    (roll,) = rolls
+    assert roll.offset + span.frames + 1 > CONTEXT  # it would have straddled the context
+    assert batched.slot_offset(0) == prefix.frames + roll.keep + span.frames + 1 <= CONTEXT
+    fresh_matches(reference, prefix, roll, span.request.built.block)
