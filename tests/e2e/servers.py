@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import subprocess
 import threading
@@ -108,6 +109,29 @@ def start_server(tmp: Path, *flags: str, ready_timeout: float = 120.0, faults: s
 
 def stop_server(server: RunningServer) -> None:
     harness.stop_server(server.process)
+
+
+@contextlib.contextmanager
+def weather_tool_server(tmp: Path, api_key: str) -> Iterator[RunningServer]:
+    """The deployed deadlines; a question in the user's final transcript starts a retrieval, and the backend's LLM
+    (a fake on loopback) always picks the client's `get_weather` tool for Paris; the agent listens while its user
+    speaks."""
+    from benchmarks.fakes.fake_openai import fake_openai
+
+    with fake_openai() as (url, script):
+        script.mode, script.tool, script.arguments = "tool_call", "get_weather", {"place": "Paris"}
+        running = start_server(tmp, "--max-sessions", "1", "--api-keys", api_key, "--trigger", "asr",
+                               "--llm-base-url", url, "--llm-model", "fake", faults="agent_listens@6")
+        try:
+            yield running
+        finally:
+            stop_server(running)
+
+
+def recorded_spans(server: RunningServer) -> list[dict[str, Any]]:
+    """The spans the server injected or dropped so far, from its session recordings (flushed every second)."""
+    return [event for path in server.recordings.glob("*.jsonl") for line in path.read_text().splitlines()
+            if (event := json.loads(line))["type"] in ("span.injected", "span.dropped")]
 
 
 def app_answer(text: str, source: str = "test") -> SpanAnswer:

@@ -6,7 +6,6 @@ for what a test must time exactly."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
 from tests.support.speech import silence, speak
 
-from .servers import RunningServer, start_server, stop_server
+from .servers import RunningServer, recorded_spans, start_server, stop_server, weather_tool_server
 
 pytest.importorskip("livekit.plugins.openai", reason="livekit-plugins-openai is a test extra")
 
@@ -26,8 +25,6 @@ from livekit.agents import Agent, AgentSession, function_tool
 from livekit.agents import llm as livekit_llm
 from livekit.agents.voice import io as livekit_io
 from livekit.plugins import openai as livekit_openai
-
-from benchmarks.fakes.fake_openai import fake_openai
 
 pytestmark = pytest.mark.slow
 KEY = "livekit-key"
@@ -130,15 +127,8 @@ def test_livekit_hears_the_user_start_and_stop_gets_the_transcript_and_interrupt
 
 @pytest.fixture(scope="module")
 def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """Deployed deadlines (2.5 s for a span, 10 s for a client's tool); a question in the user's final transcript
-    starts a retrieval, and the backend's LLM (a fake on loopback) always picks the client's weather tool."""
-    with fake_openai() as (url, script):
-        script.mode, script.tool, script.arguments = "tool_call", "get_weather", {"place": "Paris"}
-        running = start_server(tmp_path_factory.mktemp("tools"), "--max-sessions", "1", "--api-keys", KEY,
-                               "--trigger", "asr", "--llm-base-url", url, "--llm-model", "fake",
-                               faults="agent_listens@6")
+    with weather_tool_server(tmp_path_factory.mktemp("tools"), KEY) as running:
         yield running
-        stop_server(running)
 
 
 def test_a_livekit_function_tool_that_takes_4_s_and_a_typed_question_are_answered(tool_server: RunningServer,
@@ -242,12 +232,6 @@ class Speaker(livekit_io.AudioOutput):
             self.segment = 0
 
 
-def spans(server: RunningServer) -> list[dict[str, object]]:
-    """The spans the server injected or dropped so far, from its session recordings (flushed every second)."""
-    return [event for path in server.recordings.glob("*.jsonl") for line in path.read_text().splitlines()
-            if (event := json.loads(line))["type"] in ("span.injected", "span.dropped")]
-
-
 def test_an_agent_session_asks_its_function_tool_and_the_answer_is_said_with_no_error(tool_server: RunningServer,
                                                                                        tmp_path: Path) -> None:
     """An `Agent` with a function tool in an `AgentSession` over /v1/realtime, as a LiveKit user writes it: the
@@ -259,7 +243,7 @@ def test_an_agent_session_asks_its_function_tool_and_the_answer_is_said_with_no_
     places: list[str] = []
     heard: list[str] = []
     errors: list[str] = []
-    before = len(spans(tool_server))
+    before = len(recorded_spans(tool_server))
 
     class WeatherAgent(Agent):
         def __init__(self) -> None:
@@ -283,7 +267,7 @@ def test_an_agent_session_asks_its_function_tool_and_the_answer_is_said_with_no_
         await session.start(WeatherAgent(), record=False)
         try:
             deadline = time.monotonic() + 90  # Whisper on a busy 2-core host, then the tool
-            while len(spans(tool_server)) == before and time.monotonic() < deadline:
+            while len(recorded_spans(tool_server)) == before and time.monotonic() < deadline:
                 await asyncio.sleep(0.5)
             return speaker.samples
         finally:
@@ -293,7 +277,7 @@ def test_an_agent_session_asks_its_function_tool_and_the_answer_is_said_with_no_
     assert not errors
     assert heard and "weather" in heard[-1].lower()
     assert places == ["Paris"]
-    (span,) = spans(tool_server)[before:]
+    (span,) = recorded_spans(tool_server)[before:]
     assert span["type"] == "span.injected" and str(span["text"]).startswith("Sunny and twenty-one degrees"), span
     assert span["source"] == "client:get_weather"
     assert played > 0  # the agent's voice reached the session's output

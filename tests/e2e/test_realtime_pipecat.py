@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from benchmarks.fakes.fake_openai import fake_openai
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
 from tests.support.speech import silence, speak
 
-from .servers import RunningServer, start_server, stop_server
+from .servers import RunningServer, recorded_spans, start_server, stop_server, weather_tool_server
 
 pytest.importorskip("pipecat", reason="pipecat-ai is a test extra")
 
@@ -131,15 +129,8 @@ def test_pipecats_session_survives_every_condition_that_is_not_its_fault(failing
 
 @pytest.fixture(scope="module")
 def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """Deployed deadlines; a question in the user's final transcript starts a retrieval, and the backend's LLM (a
-    fake on loopback) always picks the client's weather tool."""
-    with fake_openai() as (url, script):
-        script.mode, script.tool, script.arguments = "tool_call", "get_weather", {"place": "Paris"}
-        running = start_server(tmp_path_factory.mktemp("tools"), "--max-sessions", "1", "--api-keys", KEY,
-                               "--trigger", "asr", "--llm-base-url", url, "--llm-model", "fake",
-                               faults="agent_listens@6")
+    with weather_tool_server(tmp_path_factory.mktemp("tools"), KEY) as running:
         yield running
-        stop_server(running)
 
 
 def test_a_pipecat_function_is_called_and_its_result_said_as_a_span(tool_server: RunningServer,
@@ -176,7 +167,6 @@ def test_a_pipecat_function_is_called_and_its_result_said_as_a_span(tool_server:
     errors = [f.error for f in [*down, *up] if isinstance(f, ErrorFrame)]
     assert not errors, errors
     assert places == ["Paris"]
-    spans = [event for path in tool_server.recordings.glob("*.jsonl") for line in path.read_text().splitlines()
-             if (event := json.loads(line))["type"] in ("span.injected", "span.dropped")]
+    spans = recorded_spans(tool_server)
     assert [(span["type"], span["source"]) for span in spans] == [("span.injected", "client:get_weather")], spans
     assert str(spans[0]["text"]).startswith("conditions: Sunny; temperature: twenty-one degrees"), spans
