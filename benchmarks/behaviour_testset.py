@@ -29,8 +29,8 @@ from benchmarks.harness.testset import Conversation, FrozenTestSet, room_noise, 
 from contextspan_client import chat_url
 from frontend_model.frame import SAMPLE_RATE
 
-# Silence after each question of a conversation: `<ret>` (about 0.3 s), the default question wait (1 s) and span
-# deadline (2.5 s) at the most, then the answer (about 3 s).
+# Silence after each question of a conversation: the end of the utterance heard (0.6 s of silence), the span
+# deadline (2.5 s, from that end) at the most, then the answer (about 3 s).
 TURN_GAP_S = 7.0
 CHATTER_GAP_S = 3.0
 

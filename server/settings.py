@@ -122,7 +122,9 @@ class ServerSettings(BaseSettings):
     app_spans: Literal["auto", "on", "off"] = Field(
         "auto", description="accept `span.inject` text from clients as spans; auto: only in authenticated sessions "
         "(api_keys set)")
-    question_wait_s: float = Field(1.0, ge=0, description="how long <ret> waits for the user's final utterance")
+    question_wait_s: float = Field(
+        3.0, ge=0, description="how long a <ret> heard while the user speaks waits for them to stop; the span "
+        "deadline then counts from their stop")
     recent_audio_s: float = Field(10.0, gt=0, description="audio transcribed when no utterance is final")
     context_store: str = Field(":memory:", description="SQLite file for profiles and turns; a path keeps them")
     knowledge_dir: Path | None = Field(None, description="folder of .txt/.md documents for the knowledge base tool")

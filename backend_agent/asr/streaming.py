@@ -74,7 +74,7 @@ class StreamingASR:
         self._finals = 0
         self.latest_final: Transcript | None = None
         self.latest_partial: Transcript | None = None
-        self.final_event = asyncio.Event()
+        self._final_waiters: list[asyncio.Future[Transcript | None]] = []
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="asr")
@@ -91,6 +91,9 @@ class StreamingASR:
         for call in list(self._calls):
             call.cancel()
         self._calls.clear()
+        for waiter in self._final_waiters:
+            waiter.cancel()
+        self._final_waiters.clear()
         while not self._queue.empty():
             self._queue.get_nowait()
             self._queue.task_done()
@@ -110,9 +113,27 @@ class StreamingASR:
         self._queue.put_nowait(item)
 
     @property
+    def in_speech(self) -> bool:
+        """The user is speaking: an utterance has started and its end has not been heard yet."""
+        return self._segmenter.in_speech
+
+    @property
     def awaiting_final(self) -> bool:
         """An utterance is going on, or has ended and its final transcript is still being computed (a slow host)."""
         return self._segmenter.in_speech or self._final_running
+
+    async def next_final(self) -> Transcript | None:
+        """The final transcript of the utterance going on or being transcribed now; None when there is none, or
+        when Whisper heard no words in it."""
+        if not self.awaiting_final:
+            return None
+        waiter: asyncio.Future[Transcript | None] = asyncio.get_running_loop().create_future()
+        self._final_waiters.append(waiter)
+        try:
+            return await waiter
+        finally:
+            with contextlib.suppress(ValueError):
+                self._final_waiters.remove(waiter)
 
     async def transcribe_recent(self, seconds: float) -> str:
         """Transcribe the last `seconds` heard, for a question whose utterance has not ended."""
@@ -155,6 +176,8 @@ class StreamingASR:
                         busy.add_done_callback(lambda f, e=event, n=self._finals: self._deliver_partial(e, n, f))
             except Exception as exc:  # a failing ASR must not end the session: report and keep listening
                 logger.exception("ASR failed")
+                if not self.awaiting_final:
+                    self._settle(None)  # a final that failed: whoever waits for it must not wait for ever
                 if self._on_error is not None:
                     self._on_error(exc)
             finally:
@@ -175,14 +198,20 @@ class StreamingASR:
         if self._finals == finals_before:
             self._emit(Transcript(future.result(), False, event.start_s, event.end_s, time.monotonic()))
 
+    def _settle(self, final: Transcript | None) -> None:
+        waiters, self._final_waiters = self._final_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(final)
+
     def _emit(self, transcript: Transcript) -> None:
-        if not transcript.text:
-            self._finals += transcript.final
-            return
         if transcript.final:
             self._finals += 1
+            self._settle(transcript if transcript.text else None)
+        if not transcript.text:
+            return
+        if transcript.final:
             self.latest_final = transcript
-            self.final_event.set()
         else:
             self.latest_partial = transcript
         self._on_transcript(transcript)

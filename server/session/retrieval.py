@@ -47,8 +47,9 @@ class SpanAnswer:
     triggered: float  # time.perf_counter() of the `<ret>` (or the question, in asr mode; the request, for an app)
     timings_ms: dict[str, float] = field(default_factory=dict)
     outcome: Outcome = "tool"
-    # time.perf_counter() when the agent returned the answer, for a retrieval that waited on a tool's own deadline
-    # (a client's tool): the span deadline counts from it, not from `triggered`, which that wait may have passed.
+    # time.perf_counter() the span deadline counts from when not `triggered`: the end of the question a `<ret>` heard
+    # while the user spoke waited for, or when the agent returned the answer of a tool with a deadline of its own
+    # (a client's tool), which that wait may have passed.
     waited_until: float | None = None
 
     @property
@@ -60,7 +61,7 @@ class SpanAnswer:
 @dataclass
 class RetrievalConfig:
     deadline_s: float = 2.5
-    question_wait_s: float = 1.0
+    question_wait_s: float = 3.0
     recent_audio_s: float = 10.0
     fresh_final_s: float = 10.0
     trigger: Trigger = "ret"  # the model's token, or a question in a final transcript (see server/session/trigger.py)
@@ -71,11 +72,27 @@ class RetrievalConfig:
 
 
 class _Bound:
-    """A retrieval's time bound: the span deadline, reaching past a tool's own deadline once the agent calls one."""
+    """A retrieval's time bound: the span deadline, counted from the `<ret>` or from the end of the question it
+    waited for, reaching past a tool's own deadline once the agent calls one."""
 
-    def __init__(self, timeout: asyncio.Timeout) -> None:
+    def __init__(self, timeout: asyncio.Timeout, deadline_s: float, start: float) -> None:
         self.timeout = timeout
+        self.deadline_s = deadline_s
+        self.start = start  # time.perf_counter() the span deadline counts from
         self.reached = False
+
+    def hold(self) -> None:
+        """No deadline while the user is still asking: the question's end will start it."""
+        self.timeout.reschedule(None)
+
+    def restart(self, start: float) -> None:
+        """The span deadline counts from `start` (perf_counter), the end of the question the `<ret>` waited for."""
+        self.start = start
+        loop = asyncio.get_running_loop()
+        self.timeout.reschedule(loop.time() + self.deadline_s + LATE_MARGIN_S - (time.perf_counter() - start))
+
+    def remaining(self) -> float:
+        return self.deadline_s - (time.perf_counter() - self.start)
 
     def reach(self, seconds: float) -> None:
         """The agent called a tool with `seconds` of its own: the bound reaches past them (never nearer), by the
@@ -113,6 +130,8 @@ class Retrieval:
         self._last_question_at = 0.0
         self._agent_pieces: list[str] = []
         self._asked: str | None = None  # a typed question, for the retrieval just started
+        self._stopped = asyncio.Event()  # the user stopped speaking (set by `on_speech`)
+        self._stopped_at = 0.0  # time.perf_counter() when they did
 
     def feed(self, pcm: np.ndarray) -> None:
         if self.asr is not None:
@@ -125,6 +144,9 @@ class Retrieval:
 
     def on_speech(self, edge: SpeechEdge) -> None:
         """ASR callback (event loop): the user started or stopped speaking."""
+        if not edge.started:
+            self._stopped_at = time.perf_counter()
+            self._stopped.set()
         self.emit(p.UserSpeech(t=self.stream_time(), state="started" if edge.started else "stopped", at=edge.at_s))
 
     def on_transcript(self, transcript: Transcript) -> None:
@@ -199,7 +221,7 @@ class Retrieval:
         deadline_s = self.config.deadline_s
         try:
             async with asyncio.timeout(deadline_s + LATE_MARGIN_S - (time.perf_counter() - triggered)) as timeout:
-                await self._answer(triggered, timings, _Bound(timeout))
+                await self._answer(triggered, timings, _Bound(timeout, deadline_s, triggered))
         except TimeoutError:
             self._dropped(f"late: no answer within {deadline_s:g} s of the request", triggered, timings)
 
@@ -207,7 +229,7 @@ class Retrieval:
         try:
             started = time.perf_counter()
             with tracer.start_as_current_span("question"):
-                question, asr_ms = await self._pick_question()
+                question, asr_ms = await self._pick_question(bound)
             timings["question_ms"] = (time.perf_counter() - started) * 1e3
             if asr_ms:
                 timings["asr_ms"] = asr_ms
@@ -218,12 +240,12 @@ class Retrieval:
             self.emit(p.Question(t=self.stream_time(), text=question))
             context = self.store.working_context(self.user_id, self.session_id, self.config.context_turns,
                                                  self.config.context_chars)
-            remaining = self.config.deadline_s - (time.perf_counter() - triggered)
+            remaining = bound.remaining()
             if remaining <= 0:
                 raise TimeoutError
             request = self._request(question)
             result = await self.agent.answer(question, context, remaining, request, bound.reach)
-            waited_until = time.perf_counter() if bound.reached else None
+            waited_until = time.perf_counter() if bound.reached else bound.start if bound.start > triggered else None
             timings.update(result.timings_ms)
             contract = self.config.contract
             if result.answer is None:
@@ -263,30 +285,46 @@ class Retrieval:
         location = self.store.get_profile(self.user_id).location
         return Request(tuple(utterances), agent_words, answered, location)
 
-    async def _pick_question(self) -> tuple[str, float]:
-        """The question typed (`ask`); else a fresh final utterance; else wait briefly for the final (of an
-        utterance still going on, or ended and still being transcribed); else transcribe the last seconds heard (a
-        second `<ret>` with no new utterance hears the old question again); else, when those seconds hold no speech,
-        the last question answered."""
+    async def _pick_question(self, bound: _Bound) -> tuple[str, float]:
+        """The question typed (`ask`); else, when the user is speaking or being transcribed, that utterance's final
+        (a model asks before the question ends: an older finished utterance is not the question); else a fresh
+        final utterance; else transcribe the last seconds heard (a second `<ret>` with no new utterance hears the
+        old question again); else, when those seconds hold no speech, the last question answered."""
         if self._asked is not None:
             asked, self._asked = self._asked, None
             return asked, 0.0
         if self.asr is None:
             return "", 0.0
-        fresh = self._fresh_final()
-        if fresh is None and self.asr.awaiting_final:
-            self.asr.final_event.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.asr.final_event.wait(), self.config.question_wait_s)
+        if self.asr.awaiting_final:
+            if await self._question_ended(bound):
+                final = await self.asr.next_final()
+                if final is not None:
+                    return final.text, 0.0
+        else:
             fresh = self._fresh_final()
-        if fresh is not None:
-            return fresh.text, 0.0
+            if fresh is not None:
+                return fresh.text, 0.0
         started = time.perf_counter()
         text = await self.asr.transcribe_recent(self.config.recent_audio_s)
         if not text.strip():
             answered = self.store.tool_results(self.session_id, 1)
             text = answered[0].question if answered else text
         return text, (time.perf_counter() - started) * 1e3
+
+    async def _question_ended(self, bound: _Bound) -> bool:
+        """Wait up to `question_wait_s` for a user still speaking to stop; the span deadline then counts from when
+        they stopped (a person answers a question once it is finished). False: still speaking, the deadline counts
+        from now and the last seconds heard are the question."""
+        assert self.asr is not None
+        if not self.asr.in_speech:
+            return True
+        bound.hold()
+        self._stopped.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), self.config.question_wait_s)
+        ended = not self.asr.in_speech
+        bound.restart(max(self._stopped_at, bound.start) if ended else time.perf_counter())
+        return ended
 
     def _fresh_final(self) -> Transcript | None:
         final = self.asr.latest_final if self.asr is not None else None

@@ -102,5 +102,7 @@ def test_failing_llm_drops_the_span_and_keeps_every_frame(
     assert not result.of_type("span.injected")
     dropped = result.of_type("span.dropped")
     assert len(dropped) == 1 and reason in dropped[0].reason, dropped
-    assert dropped[0].latency_ms <= DEADLINE_S * 1e3 + 100, "dropped at the deadline at the latest"
+    # At the deadline, give or take the event loop's lateness on a loaded host (once 147 ms): a hung LLM with no
+    # deadline would never be dropped, and httpx's own timeout is minutes.
+    assert dropped[0].latency_ms <= DEADLINE_S * 1e3 + 1000, "dropped at the deadline at the latest"
     assert_kept_pace(result, min_frames=50)

@@ -222,3 +222,49 @@ def test_a_typed_question_is_the_users_turn_answered_through_the_agent_one_retri
         ("agent", "Hello."), ("user", "What is twelve times seven?"), ("user", "And eight times nine?")]
     assert [e.text for e in events if isinstance(e, p.Question)] == ["What is twelve times seven?"]
     assert [e.reason for e in events if isinstance(e, p.SpanDropped)] == ["a retrieval is already in flight"]
+
+
+def test_ret_while_the_user_still_asks_waits_for_that_question_and_its_deadline_starts_when_they_stop(
+    tmp_path: Path,
+) -> None:
+    """The model asks before the question ends (it anticipates): an older utterance, still fresh, is not the
+    question, and the span deadline, shorter here than the rest of the question, counts from the user's stop."""
+    before = speak("I like trains.", tmp_path / "a.wav")
+    question = speak("Tell me, what is two plus two?", tmp_path / "q.wav")
+    pcm = np.concatenate([silence(0.3), before, silence(1.5), question, silence(1.2)])
+    ret_at = 0.3 + (len(before) + len(question)) / 24000 + 1.5 - 1.0  # a second before the question ends
+
+    def transcribe(audio: np.ndarray) -> str:  # 16 kHz, the same pre-roll and end each: the question is longer
+        return "What is two plus two?" if len(audio) > len(question) * 2 / 3 else "I like trains."
+
+    async def run() -> tuple[list[SpanAnswer], list[Any], float, float]:
+        answers: list[SpanAnswer] = []
+        events: list[Any] = []
+        with ThreadPoolExecutor(1) as pool:
+            retrieval: Retrieval
+            asr = StreamingASR(transcribe, pool, lambda t: retrieval.on_transcript(t),
+                               queue_frames=len(pcm) // 1920 + 1, on_speech=lambda e: retrieval.on_speech(e))
+            retrieval = Retrieval("s1", "u1", Agent(build_catalogue()), ContextStore(":memory:"), asr,
+                                  answers.append, events.append, lambda: 0.0, RetrievalConfig(deadline_s=0.6))
+            asr.start()
+            triggered = 0.0
+            for i in range(0, len(pcm) - 1919, 1920):
+                retrieval.feed(pcm[i : i + 1920])
+                if i == int(ret_at * 24000) // 1920 * 1920:
+                    await asr.drain()
+                    assert asr.latest_final is not None and asr.latest_final.text == "I like trains."
+                    assert asr.in_speech
+                    assert retrieval.trigger()
+                    triggered = asyncio.get_running_loop().time()
+                if triggered:
+                    await asyncio.sleep(0.08)  # the rest of the question comes in real time
+            while not answers and not any(isinstance(e, p.SpanDropped) for e in events):
+                await asyncio.sleep(0.01)
+            await retrieval.close()
+        return answers, events, triggered, asyncio.get_running_loop().time()
+
+    answers, events, _, _ = asyncio.run(run())
+    assert len(answers) == 1, events
+    answer = answers[0]
+    assert answer.question == "What is two plus two?" and answer.text == "2 plus 2 is 4."
+    assert answer.deadline_from - answer.triggered >= 0.6, "the deadline counts from the question's end"
