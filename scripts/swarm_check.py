@@ -265,9 +265,10 @@ async def calls_through_update(docker: str, url: str, api_key: str, n_calls: int
                    "tasks_after": sorted(after), "every_task_replaced": len(after) == REPLICAS and not before & after}
 
 
-def drain_log(docker: str) -> list[str]:
-    """What the replicas said about handing sessions over on SIGTERM (their JSON log lines' messages)."""
-    said = []
+def drain_log(docker: str) -> tuple[list[str], int]:
+    """What the replicas said about handing sessions over on SIGTERM (their JSON log lines' messages), and how many
+    resume requests reached them (more than the calls' resumes: some were refused and tried again)."""
+    said, requests = [], 0
     for line in replica_logs(docker):
         try:
             message = json.loads(line).get("message", "")
@@ -275,7 +276,8 @@ def drain_log(docker: str) -> list[str]:
             continue
         if "handing" in message or "draining" in message:
             said.append(message)
-    return said
+        requests += "WebSocket /api/chat" in message and "resume=" in message
+    return said, requests
 
 
 def check(docker: str, stack_docker: str, base: str, ca: Path | None, n_calls: int, after_s: float,
@@ -303,7 +305,7 @@ def check(docker: str, stack_docker: str, base: str, ca: Path | None, n_calls: i
         with tempfile.TemporaryDirectory() as work:
             speech = speak(SPEECH, Path(work) / "speech.wav")
         calls, update = asyncio.run(calls_through_update(docker, url, api_key, n_calls, after_s, speech))
-        handed = drain_log(docker)
+        handed, resume_requests = drain_log(docker)
     except Exception:
         print("\n".join(replica_logs(docker, tail=20))[-6000:], file=sys.stderr)
         raise
@@ -331,7 +333,8 @@ def check(docker: str, stack_docker: str, base: str, ca: Path | None, n_calls: i
         "build_s": builds, "replicas": REPLICAS, "calls": n_calls, "ready_after_deploy_s": round(ready_s, 1),
         **update, "audio_gap_ms": {"max": max(gaps, default=None), "mean": round(float(np.mean(gaps)))
                                    if gaps else None},
-        "resumes_per_call": [c["resumes"] for c in per_call], "drain_log": handed, "per_call": per_call,
+        "resumes_per_call": [c["resumes"] for c in per_call], "resume_requests_seen": resume_requests,
+        "drain_log": handed, "per_call": per_call,
         "passed": not problems, "problems": problems,
     }
 
