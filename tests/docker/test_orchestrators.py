@@ -180,3 +180,11 @@ def test_the_cpu_stack_updates_one_drained_task_at_a_time_and_resumes_calls_thro
     assert not [k for k in service["environment"] if any(word in k for word in SECRET_WORDS)]
     front = (CPU_STACK.parent / cpu["configs"]["haproxy_cfg"]["file"]).read_text()
     assert "option httpchk GET /readyz" in front and "tasks.contextspan:8998" in front
+
+
+@pytest.mark.parametrize("path", [STACK, CPU_STACK], ids=lambda p: p.name)
+def test_a_swarm_task_is_healthy_once_its_model_is_loaded(path: Path) -> None:
+    """A rolling update stops the next task once the new one is healthy: /healthz passes while the model loads, and
+    the calls handed over would find no replica to take them (scripts/swarm_check.sh measured it)."""
+    check = " ".join(yaml.safe_load(path.read_text())["services"]["contextspan"]["healthcheck"]["test"])
+    assert "/api/info" in check and "['loaded']" in check
