@@ -227,7 +227,8 @@ RESUMABLE = frozenset({p.CLOSE_RESUME_ELSEWHERE, p.CLOSE_GOING_AWAY, 1006, p.CLO
 # Resuming may first meet a replica still draining or loading (1013: a load balancer has not yet seen its /readyz
 # fail or pass), a load balancer with no replica up (502-504), a replica gone (refused, 1001, 1006) or the old socket
 # not yet closed on the server (4409): the addresses are tried again after a growing, jittered pause, for
-# `resume_within_s` (the server keeps the state for minutes). Any other refusal ends the session.
+# `resume_within_s` (the server keeps the state for minutes). Any other refusal ends the session, and so does one
+# round of refusals after 1001: a server closes so only where it could not hand the session over (no shared store).
 RESUME_WITHIN_S = 60.0
 RESUME_FIRST_PAUSE_S = 0.25
 RESUME_MAX_PAUSE_S = 4.0
@@ -383,7 +384,7 @@ class Conversation:
                     self._reader = sphn.OpusStreamReader(SAMPLE_RATE)
                     return
                 wait = pause * random.uniform(0.5, 1.0)  # jittered: a drained replica's calls do not return at once
-                if not passing or time.monotonic() + wait > deadline:
+                if not passing or error.code == p.CLOSE_GOING_AWAY or time.monotonic() + wait > deadline:
                     raise error
                 await asyncio.sleep(wait)
                 pause = min(pause * 2, RESUME_MAX_PAUSE_S)
