@@ -230,6 +230,9 @@ RESUMABLE = frozenset({p.CLOSE_RESUME_ELSEWHERE, p.CLOSE_GOING_AWAY, 1006, p.CLO
 # `resume_within_s` (the server keeps the state for minutes). Any other refusal ends the session, and so does one
 # round of refusals after 1001: a server closes so only where it could not hand the session over (no shared store).
 RESUME_WITHIN_S = 60.0
+# A model fault (1011) that comes again this soon after the session resumed from one is the replayed history's own:
+# resuming once more would replay it into the same fault, for ever.
+FAULT_AGAIN_S = 10.0
 RESUME_FIRST_PAUSE_S = 0.25
 RESUME_MAX_PAUSE_S = 4.0
 RETRY_CLOSES = frozenset({p.CLOSE_TRY_AGAIN, p.CLOSE_RESUME_IN_USE, p.CLOSE_GOING_AWAY, 1006})
@@ -301,6 +304,7 @@ class Conversation:
         self.ready: p.SessionReady | None = None  # the `session.ready` event, once received (events on)
         self.preparing = list(preparing)  # the `session.preparing` events that came before the handshake
         self.resumes = 0
+        self._fault_resumed_at: float | None = None  # time.monotonic() of the last resume after a model fault
 
     @property
     def close_code(self) -> int | None:
@@ -367,6 +371,11 @@ class Conversation:
             token = error.message if error.code == p.CLOSE_RESUME_ELSEWHERE else self.ready and self.ready.resume
             if self._route is None or error.code not in RESUMABLE or not token:
                 raise error
+            if error.code == p.CLOSE_INTERNAL:
+                now = time.monotonic()
+                if self._fault_resumed_at is not None and now - self._fault_resumed_at < FAULT_AGAIN_S:
+                    raise error
+                self._fault_resumed_at = now
             urls = self._route.urls
             deadline = time.monotonic() + self._route.resume_within_s
             pause = RESUME_FIRST_PAUSE_S

@@ -62,3 +62,33 @@ def test_a_refusal_that_cannot_pass_ends_the_session_without_waiting() -> None:
         asyncio.run(converse([p.CLOSE_RESUME_UNKNOWN]))
     assert closed.value.code == p.CLOSE_RESUME_ELSEWHERE
     assert time.monotonic() - started < RESUME_FIRST_PAUSE_S
+
+
+def test_a_model_fault_is_resumed_once_but_not_when_the_replayed_session_faults_again_at_once() -> None:
+    """A fault the history brings back (a NaN from frame 20 on) would otherwise loop: resume, replay, fault."""
+    paths: list[str] = []
+
+    async def run() -> None:
+        async def handler(ws: ServerConnection) -> None:
+            paths.append(ws.request.path if ws.request else "")
+            await ws.send(p.handshake())
+            await ws.send(p.SessionReady(
+                t=0.0, session_id="s", profile="tiny", random_weights=True, description="", prefix_frames=0,
+                prefill_ms=0.0, trigger="asr", app_spans=False, resume=TOKEN,
+                sampling=p.Sampling(text_temperature=0.7, text_topk=25, audio_temperature=0.8, audio_topk=250,
+                                    text_seed=1, audio_seed=2)).model_dump_json())
+            await ws.close(p.CLOSE_INTERNAL, p.close_reason("model_fault", "NaN or inf in the model's logits"))
+
+        server = await websockets.serve(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with connect(f"http://127.0.0.1:{port}") as conversation:
+                async for _ in conversation:
+                    pass
+        finally:
+            server.close()
+
+    with pytest.raises(SessionClosed) as closed:
+        asyncio.run(asyncio.wait_for(run(), 10))  # a loop would never end
+    assert closed.value.code == p.CLOSE_INTERNAL
+    assert len(paths) == 2 and f"resume={TOKEN}" in paths[1], paths

@@ -104,10 +104,10 @@ def agent_audio(server: RunningServer, result: StreamResult) -> np.ndarray:
 
 def run_pair(tmp: Path, pcm: np.ndarray, faults: str) -> tuple[StreamResult, StreamResult, np.ndarray, dict]:
     # Phases not aligned and no input frame dropped however late the server runs: the second session's input must
-    # not depend on when it joined or on this host's speed, so that runs compare.
+    # not depend on when it joined or on this host's speed, so that runs compare. Resume off: the close is watched.
     tmp.mkdir()
     server = start_server(tmp, "--max-sessions", "2", "--no-asr", "--no-align-phases", "--input-backlog-frames",
-                          "10000", faults=faults)
+                          "10000", "--resume-store", "off", faults=faults)
     try:
         first, second = seeded_pair(server.ws, pcm, active_sessions(server))
         info = httpx.get(f"{server.http}/api/info", timeout=5).json()
