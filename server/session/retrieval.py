@@ -297,7 +297,8 @@ class Retrieval:
             return "", 0.0
         if self.asr.awaiting_final:
             if await self._question_ended(bound):
-                final = await self.asr.next_final()
+                # Its final, or (a busy loop woke this task late) the final that came meanwhile.
+                final = await self.asr.next_final() or self._fresh_final()
                 if final is not None:
                     return final.text, 0.0
         else:
