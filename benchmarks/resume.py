@@ -102,6 +102,7 @@ async def crash_and_resume(a: subprocess.Popen[bytes], a_url: str, b_url: str, s
         while time.perf_counter() - killed < AFTER_S or watch.first_audio_b_at is None:
             if receiver.done():
                 receiver.result()  # the resume's refusal, if it was refused
+                raise AssertionError("the session ended before B's audio")
             assert time.perf_counter() - killed < 120, "no audio from B within 120 s"
             await conversation.send_audio(pcm)
             await asyncio.sleep(FRAME_S)
