@@ -166,16 +166,20 @@ def inspect(docker: str, what: str, fmt: str) -> str:
     return run([docker, "inspect", "-f", fmt, what], quiet=True).stdout.strip()
 
 
-def wait_ready(url: str, container_running: Callable[[], bool]) -> float:
+def readyz_ok(url: str) -> bool:
     """/readyz answers 200 once the model is loaded and calibrated (healthy only says the process is up)."""
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def wait_ready(url: str, container_running: Callable[[], bool]) -> float:
     started = time.monotonic()
     while True:
-        try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=5) as response:
-                if response.status == 200:
-                    return time.monotonic() - started
-        except OSError:
-            pass
+        if readyz_ok(url):
+            return time.monotonic() - started
         if not container_running() or time.monotonic() - started > HEALTHY_WITHIN_S:
             raise CheckFailed(f"{url}/readyz not 200 within {HEALTHY_WITHIN_S} s")
         time.sleep(1)

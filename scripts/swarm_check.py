@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from image_check import (  # scripts/ is on sys.path when run; image_check puts 
     docker_cli,
     ensure_daemon,
     local_base,
+    readyz_ok,
     run,
 )
 
@@ -121,13 +121,8 @@ def wait_replicas_ready(docker: str, url: str) -> float:
     started = time.monotonic()
     while True:
         containers = replica_containers(docker)
-        if len(containers) == REPLICAS and all(replica_ready(docker, c) for c in containers):
-            try:
-                with urllib.request.urlopen(f"{url}/readyz", timeout=5) as response:
-                    if response.status == 200:
-                        return time.monotonic() - started
-            except OSError:
-                pass
+        if len(containers) == REPLICAS and all(replica_ready(docker, c) for c in containers) and readyz_ok(url):
+            return time.monotonic() - started
         if time.monotonic() - started > READY_WITHIN_S:
             raise CheckFailed(f"{REPLICAS} replicas not ready within {READY_WITHIN_S} s")
         time.sleep(2)

@@ -114,16 +114,6 @@ def stack() -> dict[str, Any]:
     return yaml.safe_load(STACK.read_text())
 
 
-def test_the_swarm_stack_is_accepted_by_docker_stack_config() -> None:
-    docker = shutil.which("docker")
-    assert docker, "the Docker CLI (docker stack config) is needed to validate docker/swarm/stack.yml"
-    result = subprocess.run([docker, "stack", "config", "-c", str(STACK)], capture_output=True, text=True,
-                            timeout=60, cwd=ROOT)
-    assert result.returncode == 0, result.stderr
-    rendered = yaml.safe_load(result.stdout)
-    assert set(rendered["services"]) == {"traefik", "llm", "contextspan", "redis"}
-
-
 def test_swarm_routes_new_conversations_by_readyz_and_drains_within_the_stop_grace_period() -> None:
     service = stack()["services"]["contextspan"]
     labels = service["deploy"]["labels"]
@@ -156,13 +146,16 @@ def test_a_secret_file_sets_the_setting_of_its_name(tmp_path: Path) -> None:
 CPU_STACK = ROOT / "docker" / "swarm" / "stack.cpu.yml"
 
 
-def test_the_cpu_swarm_stack_is_accepted_by_docker_stack_config() -> None:
+@pytest.mark.parametrize(("path", "services"), [(STACK, {"traefik", "llm", "contextspan", "redis"}),
+                                               (CPU_STACK, {"haproxy", "redis", "contextspan"})],
+                         ids=lambda v: v.name if isinstance(v, Path) else "")
+def test_a_swarm_stack_is_accepted_by_docker_stack_config(path: Path, services: set[str]) -> None:
     docker = shutil.which("docker")
-    assert docker, "the Docker CLI (docker stack config) is needed to validate docker/swarm/stack.cpu.yml"
-    result = subprocess.run([docker, "stack", "config", "-c", str(CPU_STACK)], capture_output=True, text=True,
+    assert docker, f"the Docker CLI (docker stack config) is needed to validate {path.relative_to(ROOT)}"
+    result = subprocess.run([docker, "stack", "config", "-c", str(path)], capture_output=True, text=True,
                             timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    assert set(yaml.safe_load(result.stdout)["services"]) == {"haproxy", "redis", "contextspan"}
+    assert set(yaml.safe_load(result.stdout)["services"]) == services
 
 
 def test_the_cpu_stack_updates_one_drained_task_at_a_time_and_resumes_calls_through_redis() -> None:
