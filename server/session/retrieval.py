@@ -78,15 +78,16 @@ class _Bound:
     def __init__(self, timeout: asyncio.Timeout, deadline_s: float, start: float) -> None:
         self.timeout = timeout
         self.deadline_s = deadline_s
-        self.start = start  # time.perf_counter() the span deadline counts from
         self.reached = False
+        self.restart(start)
 
     def hold(self) -> None:
         """No deadline while the user is still asking: the question's end will start it."""
         self.timeout.reschedule(None)
 
     def restart(self, start: float) -> None:
-        """The span deadline counts from `start` (perf_counter), the end of the question the `<ret>` waited for."""
+        """The span deadline counts from `start` (perf_counter): the `<ret>`, or the end of the question it waited
+        for."""
         self.start = start
         loop = asyncio.get_running_loop()
         self.timeout.reschedule(loop.time() + self.deadline_s + LATE_MARGIN_S - (time.perf_counter() - start))
@@ -222,7 +223,7 @@ class Retrieval:
         timings: dict[str, float] = {}
         deadline_s = self.config.deadline_s
         try:
-            async with asyncio.timeout(deadline_s + LATE_MARGIN_S - (time.perf_counter() - triggered)) as timeout:
+            async with asyncio.timeout(None) as timeout:
                 await self._answer(triggered, timings, _Bound(timeout, deadline_s, triggered))
         except TimeoutError:
             self._dropped(f"late: no answer within {deadline_s:g} s of the request", triggered, timings)
@@ -247,7 +248,7 @@ class Retrieval:
                 raise TimeoutError
             request = self._request(question)
             result = await self.agent.answer(question, context, remaining, request, bound.reach)
-            waited_until = time.perf_counter() if bound.reached else bound.start if bound.start > triggered else None
+            waited_until = time.perf_counter() if bound.reached else (bound.start if bound.start > triggered else None)
             timings.update(result.timings_ms)
             contract = self.config.contract
             if result.answer is None:
