@@ -70,7 +70,7 @@ _FOLLOW_UPS: dict[Split, dict[str, list[str]]] = {
                  "what about {city}"],
         "math": ["what is that plus {b}", "what is that times two", "what's that minus {b}", "what is that times {b}",
                  "how much is that plus {b}"],
-        "units": ["and {value} {frm}", "what about {value} {frm}", "how about {value} {frm}"],
+        "units": ["and {value}", "what about {value}", "how about {value}"],
     },
     "held_out": {
         "time": ["same for {city}"],
@@ -185,8 +185,7 @@ def draw_follow_up(rng: random.Random, split: Split, kind: str) -> str:
     """A follow-up of a question of `kind` (one of `follow_up_kinds`): it asks again with one thing changed."""
     template = rng.choice(_FOLLOW_UPS[split][kind])
     cities = _TRAIN_CITIES if split == "train" else _HELD_OUT_CITIES
-    frm, _ = rng.choice(_UNITS)
-    return template.format(city=rng.choice(cities), b=_operands(rng, split)[1], value=rng.randint(2, 40), frm=frm)
+    return template.format(city=rng.choice(cities), b=_operands(rng, split)[1], value=rng.randint(2, 40))
 
 
 def tool_answer(rng: random.Random) -> str:

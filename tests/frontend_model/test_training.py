@@ -271,6 +271,7 @@ def test_a_short_training_writes_a_context_spanning_checkpoint_loaded_once_per_k
     loaded = load_model("contextspan", str(directory), device="cpu")
     assert loaded.layout == "contextspan" and not loaded.random_weights
     assert loaded.lm.context == 40 and VOICE_NAME in loaded.voice_prompts
+    assert loaded.span.contract.persona_text(None) == TRAINED_PERSONA, "served with the persona it was trained with"
     assert (directory / REPORT).exists()
     agent = loaded.lm.n_q // 2
     assert all(float(emb.weight.detach().abs().sum()) == 0 for emb in list(loaded.lm.emb)[:agent])
@@ -334,7 +335,9 @@ def test_noise_profiles_render_the_same_for_a_seed_and_each_room_differs(model: 
     assert not torch.equal(tracks[0], tracks[1]) and not torch.equal(tracks[1], tracks[2])
 
 
-TRACK, ASKED, FOLLOWED, SAID, AFTER = 1800, 1850, 1870, 1900, 1950  # a fake corpus's user codes, plus the profile
+# A fake corpus's user codes, plus the profile: a question's, a follow-up's, chatter's, the room's after them, the
+# first frame of a question (or follow-up) and of chatter.
+TRACK, ASKED, FOLLOWED, SAID, AFTER, ASKS, SAYS = 1800, 1850, 1870, 1900, 1950, 1980, 1990
 
 
 def fake_corpus(model: LoadedModel) -> tuple[Assembler, Corpus]:
@@ -345,8 +348,9 @@ def fake_corpus(model: LoadedModel) -> tuple[Assembler, Corpus]:
         return torch.full((user, frames), value, dtype=torch.long)
 
     def utterance(value: int, profile: int, speech: int) -> Utterance:
-        return Utterance(f"{value}", "fake", codes(value + profile, speech + 6), speech, profile,
-                         codes(AFTER + profile, 24))
+        said = codes(value + profile, speech + 6)
+        said[:, 0] = (SAYS if value == SAID else ASKS) + profile
+        return Utterance(f"{value}", "fake", said, speech, profile, codes(AFTER + profile, 24))
 
     profiles = range(len(PROFILES))
     questions = tuple(Question(utterance(ASKED, p, 20 + p), kind) for p in profiles for kind in ("time", "math"))
@@ -373,7 +377,7 @@ def test_a_conversation_is_in_one_profile_s_room_its_quiet_stretches_from_that_p
         profile = profiles.pop()
         seen.add(profile)
         assert TRACK + profile in codes
-        assert codes <= {TRACK + profile, ASKED + profile, FOLLOWED + profile, SAID + profile, AFTER + profile}
+        assert codes <= {c + profile for c in (TRACK, ASKED, FOLLOWED, SAID, AFTER, ASKS, SAYS)}
     assert len(seen) >= 4
 
 
@@ -387,11 +391,11 @@ def test_multi_turn_conversations_ret_after_every_question_and_never_after_chatt
     for seed in range(150):
         sequence = assembler.conversation(random.Random(seed), corpus, 8, 3)
         text, heard = sequence.columns[0].tolist(), [int(c) // 10 * 10 for c in sequence.columns[user]]
-        questions = [i for i in range(1, len(heard)) if heard[i] in (ASKED, FOLLOWED) and heard[i - 1] != heard[i]]
+        questions = [i for i, h in enumerate(heard) if h == ASKS]
         assert len(sequence.ret_columns) == len(questions)
         for ret, start in zip(sequence.ret_columns, questions, strict=True):
             assert heard[ret] in (ASKED, FOLLOWED) and start < ret, "<ret> on the question's tail"
-            assert all(h == heard[ret] for h in heard[start:ret + 1])
+            assert SAYS not in heard[start:ret] and ASKS not in heard[start + 1:ret], "after its question, no other"
         assert not any(text[i] == span.ret_id for i, h in enumerate(heard) if h == SAID)
         several += len(questions) > 1
         follow_up += FOLLOWED in heard
