@@ -8,18 +8,17 @@ server's leveller, the tiny Mimi, frame by frame from the session's start) and i
 room, after a lead-in long enough for the leveller to settle, with the room after them as the leveller recovers.
 
 A conversation has up to `max_turns` turns. In a turn the user asks a question (espeak-ng speech encoded by the tiny
-Mimi), a follow-up of the question answered before it ("what about in Paris?"), sometimes while the agent still says
-its last answer; the agent's text row carries `<ret>`
-one of `RET_OFFSETS` frames after the question's speech ends, a span arrives 1..`max_gap` frames later, and the
-agent's text row then says the answer's tokens one a frame, from the column right after the block, while the user is
-quiet. Spans are written by the model's span contract, as the server writes them: a tool's answer behind the tool prefix
-(the agent says the answer, not the prefix), sometimes the abstain span (the agent says `ABSTAIN_REPLY`); in other
-turns an app pushes a span with no question and no `<ret>` (`span.inject`: its text as pushed, said as it is). The
-persona prefix is mostly the trained checkpoint's own short default persona (`TRAINED_PERSONA`, written to its
-`contextspan.json`) with its voice, what a session that names neither gets: short enough that the prefix stays in
-the attention context. Chatter (statements and small talk, between turns or alone) and long quiet stretches ask
-nothing. Prefix and span columns carry no loss; `<ret>` is
-weighted up and padding down, as the reference's fine-tuning weights them.
+Mimi) or a follow-up of the question answered before it ("what about in Paris?"), sometimes while the agent still
+says its last answer; the agent's text row carries `<ret>` one of `RET_OFFSETS` frames after the question's speech
+ends (after the agent's answer, when the question began during it), a span arrives 1..`max_gap` frames later, and
+the agent's text row then says the answer's tokens one a frame, from the column right after the block. Spans are
+written by the model's span contract, as the server writes them: a tool's answer behind the tool prefix (the agent
+says the answer, not the prefix), sometimes the abstain span (the agent says `ABSTAIN_REPLY`); in other turns an app
+pushes a span with no question and no `<ret>` (`span.inject`: its text as pushed, said as it is). The persona prefix
+is mostly the trained checkpoint's own short default persona (`TRAINED_PERSONA`, written to its `contextspan.json`)
+with its voice, what a session that names neither gets: short enough that the prefix stays in the attention context.
+Chatter (statements and small talk, between turns or alone) and long quiet stretches ask nothing. Prefix and span
+columns carry no loss; `<ret>` is weighted up and padding down, as the reference's fine-tuning weights them.
 """
 
 from __future__ import annotations
@@ -66,8 +65,9 @@ LEAD_FRAMES = 10  # the room before speech, from a session's start: the leveller
 TAIL_FRAMES = 6  # the room after speech kept with the utterance: the codec's decay into steady silence
 AFTER_FRAMES = 24  # the room after that, as the leveller holds the speech's gain then returns to the room's
 SILENCE_FRAMES = 240  # a profile's session track: a quiet microphone's codes from a session's start
-# The trained checkpoint's default persona: with the voice prompt and the silences, the prefix is `PREFIX_FRAMES`
-# frames, well inside the attention context (the reference's persona took 294 of its 96).
+# The trained checkpoint's default persona: with the voice prompt (8 frames), the two silences and the `<system>`
+# markers (8 tokens each), its prefix is 38 frames, well inside the 96-frame attention context (tested; the
+# reference's persona took 294).
 TRAINED_PERSONA = "You answer questions."
 DEFAULT_PERSONA_SHARE = 0.6  # prefixes with the default persona (a session that names none)
 PERSONAS = ("", "You are a helpful assistant.", "You are a friendly voice assistant. Answer briefly.",
