@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import math
+import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -223,6 +224,27 @@ async def session_token(url: str, api_key: str, timeout: float = 10.0) -> str:
 # Closes after which the session may go on elsewhere: the reason of 4000 carries a fresh token; after the others the
 # token from `session.ready` is tried (a replica killed or restarted, a connection lost).
 RESUMABLE = frozenset({p.CLOSE_RESUME_ELSEWHERE, p.CLOSE_GOING_AWAY, 1006, p.CLOSE_INTERNAL})
+# Resuming may first meet a replica still draining or loading (1013: a load balancer has not yet seen its /readyz
+# fail or pass), a load balancer with no replica up (502-504), a replica gone (refused, 1001, 1006) or the old socket
+# not yet closed on the server (4409): the addresses are tried again after a growing, jittered pause, for
+# `resume_within_s` (the server keeps the state for minutes). Any other refusal ends the session, and so does one
+# round of refusals after 1001: a server closes so only where it could not hand the session over (no shared store).
+RESUME_WITHIN_S = 60.0
+# A model fault (1011) that comes again this soon after the session resumed from one is the replayed history's own:
+# resuming once more would replay it into the same fault, for ever.
+FAULT_AGAIN_S = 10.0
+RESUME_FIRST_PAUSE_S = 0.25
+RESUME_MAX_PAUSE_S = 4.0
+RETRY_CLOSES = frozenset({p.CLOSE_TRY_AGAIN, p.CLOSE_RESUME_IN_USE, p.CLOSE_GOING_AWAY, 1006})
+RETRY_STATUSES = frozenset({502, 503, 504})
+
+
+def _worth_retrying(exc: Exception) -> bool:
+    if isinstance(exc, SessionClosed):
+        return exc.code in RETRY_CLOSES
+    if isinstance(exc, Refused):
+        return exc.status in RETRY_STATUSES
+    return isinstance(exc, OSError | TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -236,6 +258,7 @@ class _Route:
     headers: Mapping[str, str] | None
     open_timeout: float
     handshake_timeout: float
+    resume_within_s: float = RESUME_WITHIN_S
 
     async def open(self, url: str, **more: str) -> tuple[websockets.ClientConnection, list[p.SessionPreparing]]:
         """The socket, once its handshake arrived: before it the server prefills (or replays) the session."""
@@ -281,6 +304,7 @@ class Conversation:
         self.ready: p.SessionReady | None = None  # the `session.ready` event, once received (events on)
         self.preparing = list(preparing)  # the `session.preparing` events that came before the handshake
         self.resumes = 0
+        self._fault_resumed_at: float | None = None  # time.monotonic() of the last resume after a model fault
 
     @property
     def close_code(self) -> int | None:
@@ -337,8 +361,9 @@ class Conversation:
                 yield item
 
     async def _resume_after(self, ws: websockets.ClientConnection, exc: websockets.ConnectionClosed) -> None:
-        """Reconnect with the session's resume token, each address once from the next one; raises the close as a
-        `SessionClosed` where it cannot. Sending and receiving may both see the close: the first one reconnects."""
+        """Reconnect with the session's resume token, address after address from the next one, again after a pause
+        while a refusal may pass (`_worth_retrying`); raises the close as a `SessionClosed` where it cannot. Sending
+        and receiving may both see the close: the first one reconnects."""
         async with self._reconnecting:
             if self._ws is not ws:
                 return
@@ -346,18 +371,32 @@ class Conversation:
             token = error.message if error.code == p.CLOSE_RESUME_ELSEWHERE else self.ready and self.ready.resume
             if self._route is None or error.code not in RESUMABLE or not token:
                 raise error
+            if error.code == p.CLOSE_INTERNAL:
+                now = time.monotonic()
+                if self._fault_resumed_at is not None and now - self._fault_resumed_at < FAULT_AGAIN_S:
+                    raise error
+                self._fault_resumed_at = now
             urls = self._route.urls
-            for step in range(1, len(urls) + 1):
-                at = (self._at + step) % len(urls)
-                try:
-                    self._ws, preparing = await self._route.open(urls[at], resume=token)
-                except (ClientError, OSError, TimeoutError):
-                    continue
-                self._at, self.preparing, self.resumes = at, preparing, self.resumes + 1
-                self._writer = sphn.OpusStreamWriter(SAMPLE_RATE)  # the new session reads a new Ogg stream
-                self._reader = sphn.OpusStreamReader(SAMPLE_RATE)
-                return
-            raise error
+            deadline = time.monotonic() + self._route.resume_within_s
+            pause = RESUME_FIRST_PAUSE_S
+            while True:
+                passing = False  # whether a refusal may pass: worth another round
+                for step in range(1, len(urls) + 1):
+                    at = (self._at + step) % len(urls)
+                    try:
+                        self._ws, preparing = await self._route.open(urls[at], resume=token)
+                    except (ClientError, OSError, TimeoutError) as exc:
+                        passing = passing or _worth_retrying(exc)
+                        continue
+                    self._at, self.preparing, self.resumes = at, preparing, self.resumes + 1
+                    self._writer = sphn.OpusStreamWriter(SAMPLE_RATE)  # the new session reads a new Ogg stream
+                    self._reader = sphn.OpusStreamReader(SAMPLE_RATE)
+                    return
+                wait = pause * random.uniform(0.5, 1.0)  # jittered: a drained replica's calls do not return at once
+                if not passing or error.code == p.CLOSE_GOING_AWAY or time.monotonic() + wait > deadline:
+                    raise error
+                await asyncio.sleep(wait)
+                pause = min(pause * 2, RESUME_MAX_PAUSE_S)
 
     def _decode(self, message: bytes | str) -> Received | None:
         """Unknown binary kinds and event types are skipped, as the protocol asks of clients."""
@@ -380,14 +419,15 @@ class Conversation:
 @contextlib.asynccontextmanager
 async def connect(url: str, token: str | None = None, events: bool = True, open_timeout: float = 30.0,
                   handshake_timeout: float = 120.0, failover: Sequence[str] = (),
-                  **query: str) -> AsyncIterator[Conversation]:
+                  resume_within_s: float = RESUME_WITHIN_S, **query: str) -> AsyncIterator[Conversation]:
     """Open a conversation and wait for the handshake (the server prefills the persona first); closes it (1000) on
     exit. `url`: the server's base URL or its chat URL. `token`: a session token (`session_token`), sent as
     `Authorization: Bearer`. `events`: the JSON events too (resuming needs them: `session.ready` has the token).
     `failover`: other replicas' URLs, tried in turn when the session must resume elsewhere (behind a load balancer
-    `url` alone is enough). `query`: `persona`, `voice`, `user`, sampling."""
+    `url` alone is enough). `resume_within_s`: how long a resume keeps trying while replicas drain or load.
+    `query`: `persona`, `voice`, `user`, sampling."""
     headers = {"Authorization": f"Bearer {token}"} if token else None
-    route = _Route((url, *failover), events, query, headers, open_timeout, handshake_timeout)
+    route = _Route((url, *failover), events, query, headers, open_timeout, handshake_timeout, resume_within_s)
     ws, preparing = await route.open(url)
     conversation = Conversation(ws, preparing, route)
     try:

@@ -146,15 +146,17 @@ def local_base(docker: str) -> str:
     return LOCAL_BASE
 
 
-def build(docker: str, base: str, ca: Path | None, target: str | None = None, tag: str = IMAGE) -> float:
-    cmd = [docker, "build", "--network", "host", "-f", "docker/Dockerfile", "--build-arg", f"BASE_IMAGE={base}",
+def build(docker: str, base: str, ca: Path | None, target: str | None = None, tag: str = IMAGE,
+          dockerfile: str = "docker/Dockerfile") -> float:
+    """`docker build` of one of docker/'s Dockerfiles (FROM `base`, context the repository root); its seconds."""
+    cmd = [docker, "build", "--network", "host", "-f", str(ROOT / dockerfile), "--build-arg", f"BASE_IMAGE={base}",
            "-t", tag]
     if target:
         cmd += ["--target", target]
     if ca is not None:
         cmd += ["--secret", f"id=ca,src={ca}"]
     started = step(f"building {tag} FROM {base}" + (f" (CA bundle {ca} as a build secret)" if ca else ""))
-    run([*cmd, "."], env={**os.environ, "DOCKER_BUILDKIT": "1"}, timeout=3600)
+    run([*cmd, str(ROOT)], env={**os.environ, "DOCKER_BUILDKIT": "1"}, timeout=3600)
     seconds = time.monotonic() - started
     step(f"built {tag} in {seconds:.0f} s")
     return seconds

@@ -54,7 +54,8 @@ BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
               "faults": "benchmarks.fault_isolation", "qa": "benchmarks.qa", "levelling": "benchmarks.user_levelling",
               "behaviour": "benchmarks.behaviour", "copy": "benchmarks.copying",
               "layout": "benchmarks.checkpoint_layout", "kyutai": "benchmarks.kyutai_baseline",
-              "frameworks": "benchmarks.realtime_frameworks", "window": "benchmarks.window"}
+              "frameworks": "benchmarks.realtime_frameworks", "window": "benchmarks.window",
+              "resume": "benchmarks.resume"}
 
 
 def serve(settings: ServerSettings) -> int:

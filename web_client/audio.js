@@ -90,6 +90,12 @@ export class Microphone {
     this.onPage(page);
   }
 
+  /** A new Ogg stream, headers first, for a new socket: a resumed session's server reads a fresh stream. */
+  reset() {
+    this.ogg = new OggWriter();
+    this.sentHeaders = false;
+  }
+
   stop() {
     this.stream?.getTracks().forEach((t) => t.stop());
     this.source?.disconnect();
@@ -127,6 +133,13 @@ export class Speaker {
       this.decoder.decode(new EncodedAudioChunk({ type: "key", timestamp: this.timestampUs, data: packet }));
       this.timestampUs += 80000;
     }
+  }
+
+  /** A new socket sends a new Ogg stream (its headers first): the old decoder goes with the old stream. */
+  reset() {
+    this.ogg = new OggReader();
+    if (this.decoder && this.decoder.state !== "closed") this.decoder.close();
+    this.decoder = undefined;
   }
 
   onData(data) {

@@ -129,7 +129,7 @@ class Retrieval:
         self._task: asyncio.Task[None] | None = None
         self._last_question_at = 0.0
         self._agent_pieces: list[str] = []
-        self._asked: str | None = None  # a typed question, for the retrieval just started
+        self._asked: str | None = None  # a typed question, or asr mode's final, for the retrieval just started
         self._stopped = asyncio.Event()  # the user stopped speaking (set by `on_speech`)
         self._stopped_at = 0.0  # time.perf_counter() when they did
 
@@ -158,6 +158,8 @@ class Retrieval:
         self._flush_agent_turn()
         self.store.add_turn(self.user_id, self.session_id, "user", transcript.text)
         if self.config.trigger == "asr" and is_question(transcript.text):
+            if not self.in_flight:
+                self._asked = transcript.text  # the question is this final, whatever the user says next
             self.trigger()
 
     def on_agent_text(self, piece: str) -> None:
@@ -286,10 +288,11 @@ class Retrieval:
         return Request(tuple(utterances), agent_words, answered, location)
 
     async def _pick_question(self, bound: _Bound) -> tuple[str, float]:
-        """The question typed (`ask`); else, when the user is speaking or being transcribed, that utterance's final
-        (a model asks before the question ends: an older finished utterance is not the question); else a fresh
-        final utterance; else transcribe the last seconds heard (a second `<ret>` with no new utterance hears the
-        old question again); else, when those seconds hold no speech, the last question answered."""
+        """The question typed (`ask`) or, in asr mode, the final that started the retrieval; else, when the user is
+        speaking or being transcribed, that utterance's final (a model asks before the question ends: an older
+        finished utterance is not the question); else a fresh final utterance; else transcribe the last seconds heard
+        (a second `<ret>` with no new utterance hears the old question again); else, when those seconds hold no
+        speech, the last question answered."""
         if self._asked is not None:
             asked, self._asked = self._asked, None
             return asked, 0.0
@@ -297,7 +300,8 @@ class Retrieval:
             return "", 0.0
         if self.asr.awaiting_final:
             if await self._question_ended(bound):
-                final = await self.asr.next_final()
+                # Its final, or (a busy loop woke this task late) the final that came meanwhile.
+                final = await self.asr.next_final() or self._fresh_final()
                 if final is not None:
                     return final.text, 0.0
         else:

@@ -151,3 +151,40 @@ def test_a_secret_file_sets_the_setting_of_its_name(tmp_path: Path) -> None:
     settings = ServerSettings(_secrets_dir=tmp_path)
     assert settings.api_keys == ["k1", "k2"]
     assert settings.llm_api_key == "llm-key"
+
+
+CPU_STACK = ROOT / "docker" / "swarm" / "stack.cpu.yml"
+
+
+def test_the_cpu_swarm_stack_is_accepted_by_docker_stack_config() -> None:
+    docker = shutil.which("docker")
+    assert docker, "the Docker CLI (docker stack config) is needed to validate docker/swarm/stack.cpu.yml"
+    result = subprocess.run([docker, "stack", "config", "-c", str(CPU_STACK)], capture_output=True, text=True,
+                            timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert set(yaml.safe_load(result.stdout)["services"]) == {"haproxy", "redis", "contextspan"}
+
+
+def test_the_cpu_stack_updates_one_drained_task_at_a_time_and_resumes_calls_through_redis() -> None:
+    """What scripts/swarm_check.sh relies on: a rolling update hands calls over instead of dropping them, and the
+    front takes a replica only while its /readyz says so."""
+    cpu = yaml.safe_load(CPU_STACK.read_text())
+    service = cpu["services"]["contextspan"]
+    update = service["deploy"]["update_config"]
+    assert (update["order"], update["parallelism"]) == ("stop-first", 1)
+    drain = float(service["environment"]["CONTEXTSPAN_SHUTDOWN_GRACE_S"])
+    assert float(service["stop_grace_period"].removesuffix("s")) > drain
+    assert service["environment"]["CONTEXTSPAN_RESUME_STORE"] == "redis://redis:6379/0"
+    assert "contextspan_resume_secret" in service["secrets"]
+    assert all(cpu["secrets"][secret] == {"external": True} for secret in service["secrets"])
+    assert not [k for k in service["environment"] if any(word in k for word in SECRET_WORDS)]
+    front = (CPU_STACK.parent / cpu["configs"]["haproxy_cfg"]["file"]).read_text()
+    assert "option httpchk GET /readyz" in front and "tasks.contextspan:8998" in front
+
+
+@pytest.mark.parametrize("path", [STACK, CPU_STACK], ids=lambda p: p.name)
+def test_a_swarm_task_is_healthy_once_its_model_is_loaded(path: Path) -> None:
+    """A rolling update stops the next task once the new one is healthy: /healthz passes while the model loads, and
+    the calls handed over would find no replica to take them (scripts/swarm_check.sh measured it)."""
+    check = " ".join(yaml.safe_load(path.read_text())["services"]["contextspan"]["healthcheck"]["test"])
+    assert "/api/info" in check and "['loaded']" in check

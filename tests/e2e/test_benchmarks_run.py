@@ -4,6 +4,7 @@ checked here (performance lives in benchmarks/results/, measured on purpose, not
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,16 @@ def test_bench_window_rolls_a_session_past_its_context_and_compares_it_with_slid
     keep, slide = json.loads(out.read_text())["runs"]
     assert keep["window"] == "keep-prefix" and keep["rolls"] > 0 and keep["roll"]["p50_ms"] > 0
     assert keep["final_offset"] <= 96 < slide["final_offset"] and slide["rolls"] == 0
+
+
+def test_bench_resume_resumes_a_killed_replicas_session_on_the_other(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    out = tmp_path / "resume.json"
+    bench("resume", "--minutes", "0.1", "--json", str(out))
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["resumed_frames"] == run["frames_sent"] == 75 and run["state_bytes"] > 0
+    assert run["replay_ms"] > 0 and 0 < run["kill_to_handshake_ms"] < run["kill_to_first_audio_ms"]
 
 
 @pytest.mark.parametrize(("phases", "page_ms"), [("spread", "80"), ("aligned", "40")])

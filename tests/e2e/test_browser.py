@@ -6,13 +6,16 @@ from __future__ import annotations
 import base64
 import time
 import wave
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
 from frontend_model.frame import SAMPLE_RATE
+from tests.support.tcp_proxy import tcp_proxy
 
 from .servers import ARTIFACTS, RunningServer
 
@@ -54,6 +57,40 @@ def test_page_streams_plays_and_shows_text(server: RunningServer, browser: objec
     driver.find_element(By.ID, "stop").click()  # type: ignore[attr-defined]
     wav = driver.find_element(By.ID, "wav").get_attribute("href")  # type: ignore[attr-defined]
     assert wav and wav.endswith(".wav")
+
+
+def page_stats(driver: object, until: Callable[[dict[str, Any]], bool], within_s: float) -> dict[str, Any]:
+    """The page's counters once `until` holds of them or the page shows an error; fails after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        stats: dict[str, Any] = driver.execute_script("return window.csStats")  # type: ignore[attr-defined]
+        if stats["error"] or until(stats):
+            return stats
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.2)
+
+
+def test_page_resumes_its_session_when_the_connection_drops(server: RunningServer, browser: object) -> None:
+    """The page on a proxy that drops every connection once, mid-call: it reopens with its resume token by itself
+    (the server's default memory store), keeping its microphone and speaker, and the same session goes on."""
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    wait_for_no_session(server)
+    with tcp_proxy(int(server.http.rsplit(":", 1)[1])) as proxy:
+        driver.get(f"http://127.0.0.1:{proxy.port}/")  # type: ignore[attr-defined]
+        page_stats(driver, lambda _: "random weights" in driver.find_element(By.ID, "model").text, 20)  # type: ignore[attr-defined]
+        driver.find_element(By.ID, "start").click()  # type: ignore[attr-defined]
+        before = page_stats(driver, lambda s: s["state"] == "live" and s["audioMessages"] > 25, 20)
+        assert not before["error"], before
+        assert proxy.cut() > 0, "the page's socket went through the proxy"
+        after = page_stats(driver, lambda s: s["resumes"] == 1 and s["state"] == "live"
+                           and s["audioMessages"] > before["audioMessages"] + 25, 20)
+        events = driver.find_element(By.ID, "events").text  # type: ignore[attr-defined]
+        driver.find_element(By.ID, "stop").click()  # type: ignore[attr-defined]
+    assert not after["error"], (after, events)
+    assert after["sessionId"] == before["sessionId"], "the same session went on"
+    assert f"session {before['sessionId']} resumed" in events and "resuming the session" in events, events
 
 
 KYUTAI_CLIENT = Path(__file__).with_name("kyutai_client.js")

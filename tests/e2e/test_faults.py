@@ -104,10 +104,10 @@ def agent_audio(server: RunningServer, result: StreamResult) -> np.ndarray:
 
 def run_pair(tmp: Path, pcm: np.ndarray, faults: str) -> tuple[StreamResult, StreamResult, np.ndarray, dict]:
     # Phases not aligned and no input frame dropped however late the server runs: the second session's input must
-    # not depend on when it joined or on this host's speed, so that runs compare.
+    # not depend on when it joined or on this host's speed, so that runs compare. Resume off: the close is watched.
     tmp.mkdir()
     server = start_server(tmp, "--max-sessions", "2", "--no-asr", "--no-align-phases", "--input-backlog-frames",
-                          "10000", faults=faults)
+                          "10000", "--resume-store", "off", faults=faults)
     try:
         first, second = seeded_pair(server.ws, pcm, active_sessions(server))
         info = httpx.get(f"{server.http}/api/info", timeout=5).json()
@@ -165,7 +165,10 @@ def test_an_asr_that_raises_is_reported_and_every_session_keeps_pace(tmp_path: P
 def test_a_wedged_worker_is_restarted_and_its_slots_come_back(tmp_path: Path, speech: np.ndarray,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     release = threading.Event()
-    with in_process_server(settings_for(tmp_path, asr=False, worker_stall_s=1.0), load_model("tiny")) as server:
+    # Resume off, as above: with it, our client resumes the sessions the restart closed (1011) once their slots are
+    # free again, and this test watches the close.
+    settings = settings_for(tmp_path, asr=False, worker_stall_s=1.0, resume_store="off")
+    with in_process_server(settings, load_model("tiny")) as server:
         monkeypatch.setattr(Batcher, "_slot_frame", break_slot_frame(20, lambda: release.wait(60)))
         try:
             results = two_sessions(server.ws, speech, lambda: len(server.state.sessions))

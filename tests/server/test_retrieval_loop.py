@@ -268,3 +268,37 @@ def test_ret_while_the_user_still_asks_waits_for_that_question_and_its_deadline_
     answer = answers[0]
     assert answer.question == "What is two plus two?" and answer.text == "2 plus 2 is 4."
     assert answer.deadline_from - answer.triggered >= 0.6, "the deadline counts from the question's end"
+
+
+class TalkingOn:
+    """The ASR of a user who goes on speaking right after the question whose final started the retrieval."""
+
+    awaiting_final = True
+    in_speech = True
+    latest_final = None
+
+    async def next_final(self) -> None:
+        await asyncio.sleep(60)
+
+    async def close(self) -> None:
+        """Nothing runs."""
+
+
+def test_in_asr_mode_the_question_is_the_final_that_started_the_retrieval_whatever_follows() -> None:
+    from backend_agent.asr.streaming import Transcript
+
+    async def run() -> tuple[list[SpanAnswer], float]:
+        answers: list[SpanAnswer] = []
+        retrieval = Retrieval("s1", "u1", Agent(build_catalogue()), ContextStore(":memory:"), TalkingOn(),  # type: ignore[arg-type]
+                              answers.append, lambda e: None, lambda: 0.0, RetrievalConfig(trigger="asr"))
+        started = asyncio.get_running_loop().time()
+        retrieval.on_transcript(Transcript("What is two plus two?", True, 0.0, 2.0, 0.0))
+        while retrieval.in_flight:
+            await asyncio.sleep(0.01)
+        elapsed = asyncio.get_running_loop().time() - started
+        await retrieval.close()
+        return answers, elapsed
+
+    answers, elapsed = asyncio.run(run())
+    assert [a.question for a in answers] == ["What is two plus two?"]
+    assert elapsed < 1.0, "it did not wait for the user's next utterance"

@@ -3,13 +3,13 @@ it; `--wait-for-model` keeps it up, saying why on /readyz."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from benchmarks import harness
 
@@ -18,11 +18,12 @@ FLAGS = ("--profile", "personaplex", "--checkpoint", "/nonexistent", "--no-asr")
 
 
 def test_serve_exits_non_zero_with_the_reason(tmp_path: Path) -> None:
-    start = time.monotonic()
-    reason = r"(?s)server exited with 1: .*exiting: the model did not load: .*/nonexistent does not exist"
-    with pytest.raises(RuntimeError, match=reason):
-        harness.start_server(tmp_path, *FLAGS, "--recordings-dir", str(tmp_path / "rec"), ready_timeout=60)
-    assert time.monotonic() - start < 60
+    # The process itself, not the harness: on a busy host its /readyz may name the load error before it exits.
+    cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(harness.free_port()), *FLAGS,
+           "--recordings-dir", str(tmp_path / "rec")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert re.search(r"exiting: the model did not load: .*/nonexistent does not exist", done.stdout + done.stderr)
 
 
 def test_wait_for_model_keeps_serving_not_ready(tmp_path: Path) -> None:
