@@ -1,9 +1,11 @@
 """The trained model on disk in the Context Spanning file layout, and the per-machine cache of it.
 
-Layout: the tiny base files (random base LM, Mimi, tokenizer, configs, `contextspan.json`), `context_spanning_7b.pt`
-= `{"model": trained state}` over them, `voices/agent.pt` = `{"codes": agent voice codes}` and `training.json`
-(what made it: the cache key, the configuration, the last metrics, the time it took). `config.json` carries the
-attention context the model was trained with. Loaded by `--profile contextspan --checkpoint DIR` like any release.
+Layout: the tiny base files (random base LM, Mimi, tokenizer, configs), `contextspan.json` (the base's, with the
+trained default persona `data.TRAINED_PERSONA`: what a session that names none is served, the prefix trained on),
+`context_spanning_7b.pt` = `{"model": trained state}` over them, `voices/agent.pt` = `{"codes": agent voice codes}`
+and `training.json` (what made it: the cache key, the configuration, the last metrics, the time it took).
+`config.json` carries the attention context the model was trained with. Loaded by `--profile contextspan
+--checkpoint DIR` like any release.
 
 The cache directory holds one trained checkpoint per hash of what shapes the weights: the code of the convention, the
 data and the trainer, the hyper-parameters and data recipe (not how many processes draw the batches: they are the
@@ -22,7 +24,7 @@ from pathlib import Path
 import torch
 from moshi.models import loaders
 
-from backend_agent import router
+from backend_agent import request, router
 from backend_agent.tools import arithmetic, clock, date, numbers, places, time_in_place, unit_conversion
 from frontend_model.loading import tiny_files
 from frontend_model.loading.checkpoint.files import CONTEXT_SPANNING_WEIGHTS, OWN_CONFIG
@@ -31,16 +33,18 @@ from frontend_model.loading.profiles import TINY_LM_CONFIG, TINY_MIMI_CONFIG
 from frontend_model.loading.tiny_files import MIMI_CONFIG_NAME, cached_tiny_checkpoint
 from frontend_model.loading.tiny_tokenizer import cache_root, tiny_tokenizer_path
 from frontend_model.span import block, build, config, convention, normaliser
-from frontend_model.training import data, recipes, speech, trainer
+from frontend_model.training import data, recipes, served, speech, trainer
 from frontend_model.training.cache import cached
 from frontend_model.training.trainer import TrainConfig, Trained, train
+from server.wire import leveller
 
 VOICE_NAME = "agent"
 REPORT = "training.json"
 PREFIX = "contextspan-tiny-"
-# Every module whose code shapes the training data or the weights (the router and its tools write the spans).
-_SOURCES = (convention, block, build, config, normaliser, tiny_files, data, recipes, speech, trainer, router,
-            arithmetic, clock, date, numbers, places, time_in_place, unit_conversion)
+# Every module whose code shapes the training data or the weights (the router and its tools write the spans; the
+# server's leveller shapes the user's audio).
+_SOURCES = (convention, block, build, config, normaliser, tiny_files, data, recipes, served, speech, trainer, router,
+            request, arithmetic, clock, date, numbers, places, time_in_place, unit_conversion, leveller)
 
 
 def cache_key(train_config: TrainConfig) -> str:
@@ -75,8 +79,10 @@ def train_into(train_config: TrainConfig, directory: Path, key: str, progress: b
 
 def write_checkpoint(base: Path, trained: Trained, train_config: TrainConfig, directory: Path, key: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    for name in (loaders.MOSHI_NAME, loaders.MIMI_NAME, loaders.TEXT_TOKENIZER_NAME, MIMI_CONFIG_NAME, OWN_CONFIG):
+    for name in (loaders.MOSHI_NAME, loaders.MIMI_NAME, loaders.TEXT_TOKENIZER_NAME, MIMI_CONFIG_NAME):
         shutil.copy(base / name, directory / name)
+    own = json.loads((base / OWN_CONFIG).read_text())
+    (directory / OWN_CONFIG).write_text(json.dumps({**own, "default_persona": data.TRAINED_PERSONA}))
     lm_config = json.loads((base / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**lm_config, "context": train_config.context}))
     torch.save({"model": trained.state}, directory / CONTEXT_SPANNING_WEIGHTS)

@@ -1,5 +1,6 @@
 """What the synthetic conversations say: questions the built-in router answers (time in a place, arithmetic, unit
-conversion, dates), the spans those questions get, and chatter that asks nothing. Training and held-out questions
+conversion, dates), short follow-ups it resolves from the question answered before ("what about in Paris?", "and
+that times two?"), the spans those questions get, and chatter that asks nothing. Training and held-out questions
 differ in sentences, places, numbers and voices, so a test on the held-out set asks questions the model never heard.
 
 A span's text is what the built-in router writes when it serves (`tool_answer`: the real tools, at a random instant),
@@ -60,6 +61,22 @@ _TEMPLATES: dict[Split, dict[str, list[str]]] = {
         "date": ["what is today's date", "which day is it tomorrow"],
     },
 }
+# Follow-ups of a question of the same kind, which the router resolves from the answered history
+# (`backend_agent.request.Request.follow_up`, `previous_value`): a place, a number or a day spliced into the last
+# question, or a computation on the last answer. Same discipline as the questions (tested).
+_FOLLOW_UPS: dict[Split, dict[str, list[str]]] = {
+    "train": {
+        "time": ["what about in {city}", "and in {city}", "how about {city}", "and {city}", "how about in {city}",
+                 "what about {city}"],
+        "math": ["what is that plus {b}", "what is that times two", "what's that minus {b}", "what is that times {b}",
+                 "how much is that plus {b}"],
+        "units": ["and {value}", "what about {value}", "how about {value}"],
+    },
+    "held_out": {
+        "time": ["same for {city}"],
+        "math": ["so what is that minus {b}"],
+    },
+}
 _CHATTER: dict[Split, list[str]] = {
     "train": ["I had a long day at work today.", "That sounds good to me.", "Thanks, that was really helpful.",
               "I am going to make some tea now.", "My sister is visiting next week.", "I like this song a lot.",
@@ -69,7 +86,13 @@ _CHATTER: dict[Split, list[str]] = {
               "My phone battery is almost empty.", "I really enjoyed that book.", "Let me think about it for a moment.",
               "The train was late again this morning.", "I have to pick up the kids at five.",
               "Our neighbours got a new dog.", "I am not sure about that yet.", "I will send you the photos later.",
-              "The coffee here is really good.", "We should meet up next weekend.", "I forgot my umbrella at home."],
+              "The coffee here is really good.", "We should meet up next weekend.", "I forgot my umbrella at home.",
+              "Hmm, okay.", "Right, right.", "Yeah, I know.", "Oh, that is nice.", "Good morning to you too.",
+              "Sorry, I was talking to my son.", "Hold on, someone is at the door.", "Okay, thank you so much.",
+              "No, that's fine, never mind.", "I was just thinking out loud.", "Interesting, I did not know that.",
+              "My brother lives in Canada now.", "We went to the beach last summer.", "Alright, sounds great.",
+              "That reminds me of my old job.", "I am so tired today.", "The traffic was terrible.",
+              "Cool, cool.", "Uh huh, go on.", "I love the smell of rain."],
     "held_out": ["We watched a movie last night.", "I just finished cleaning the kitchen.",
                  "That is a funny story.", "I will call you back in a minute.", "The garden looks lovely."],
 }
@@ -151,6 +174,18 @@ def draw_exchange(rng: random.Random, split: Split) -> Exchange:
         frm, to = rng.choice(_UNITS)
         return Exchange(kind, template.format(value=rng.randint(2, 40), frm=frm, to=to))
     return Exchange(kind, template)
+
+
+def follow_up_kinds(split: Split) -> tuple[str, ...]:
+    """The kinds of question a follow-up can follow (the router splices no day into a question of dates)."""
+    return tuple(sorted(_FOLLOW_UPS[split]))
+
+
+def draw_follow_up(rng: random.Random, split: Split, kind: str) -> str:
+    """A follow-up of a question of `kind` (one of `follow_up_kinds`): it asks again with one thing changed."""
+    template = rng.choice(_FOLLOW_UPS[split][kind])
+    cities = _TRAIN_CITIES if split == "train" else _HELD_OUT_CITIES
+    return template.format(city=rng.choice(cities), b=_operands(rng, split)[1], value=rng.randint(2, 40))
 
 
 def tool_answer(rng: random.Random) -> str:

@@ -1,4 +1,5 @@
-"""Synthetic speech: espeak-ng says a sentence in a given voice and rate, sox makes it 24 kHz mono float.
+"""Synthetic speech: espeak-ng says a sentence in a given voice and rate, sox makes it 24 kHz mono float (undithered:
+the same samples every time).
 
 Product code because `contextspan train` speaks its training questions with it; tests and benchmarks speak
 held-out questions with the same helper (other sentences, another voice).
@@ -36,7 +37,8 @@ def speak(text: str, voice: Voice, rate: int = SAMPLE_RATE) -> np.ndarray:
     """float32 mono PCM in [-1, 1] at `rate`."""
     espeak = ["espeak-ng", "-v", voice.name, "-s", str(voice.words_per_minute), "-p", str(voice.pitch), "--stdout",
               text]
-    sox = ["sox", "-t", "wav", "-", "-r", str(rate), "-c", "1", "-b", "16", "-t", "wav", "-"]
+    # No dither (-D): sox's is random, and an Opus round trip turns a one-bit difference into other codes.
+    sox = ["sox", "-D", "-t", "wav", "-", "-r", str(rate), "-c", "1", "-b", "16", "-t", "wav", "-"]
     try:
         raw = subprocess.run(espeak, check=True, capture_output=True).stdout
         wav = subprocess.run(sox, input=raw, check=True, capture_output=True).stdout

@@ -35,7 +35,7 @@ from frontend_model.training.data import (
 )
 from frontend_model.training.recipes import AGENT_VOICE
 
-VOICE_FRAMES = 12  # the agent voice prompt: about a second of codes
+VOICE_FRAMES = 8  # the agent voice prompt: 0.64 s of codes (the whole prefix must fit the attention context)
 AGENT_VOICE_TEXT = "Hello, I am your assistant. Ask me about the time, dates, numbers and units."
 
 
@@ -66,13 +66,15 @@ class TrainConfig:
     weight_decay: float = 0.0
     context: int = 96
     # Columns a training sequence keeps, at most. Serving reads every column through two layers of `context` frames
-    # each; a window cut mid-prefix reads truncated ones: cut at 128, `<ret>` after the default persona was 0.57
-    # likely teacher-forced on the window and 0.19 on the whole conversation, as served.
-    window: int = 224
+    # each: 192 is what a column reads at most. A window cut mid-prefix reads truncated ones (with the 294-frame
+    # reference persona, cut at 128, `<ret>` after it was 0.57 likely teacher-forced on the window and 0.19 on the
+    # whole conversation, as served); the trained persona's prefix is 38 frames.
+    window: int = 192
     max_gap: int = 30  # frames between `<ret>` and the span, at most (2.4 s: the server's deadline is 2.5 s)
-    max_turns: int = 1
+    max_turns: int = 3  # turns a conversation has, at most: follow-ups, questions while the agent answers
     train_questions: int = 1500  # distinct spoken questions: with a few hundred, `<ret>` learns them by heart
     train_chatter: int = 300
+    train_follow_ups: int = 300
     slip: float = 0.1  # share of the agent's own answer tokens replaced in its input by another of the span's
     threads: int = 1
     workers: int = 1  # processes assembling batches beside the training (0: inline; the batches are the same)
@@ -233,7 +235,8 @@ def _train(model: LoadedModel, config: TrainConfig, progress: bool,
     torch.manual_seed(config.seed)
     lm, mimi = model.lm, model.mimi
     voice_codes = speak_and_encode(mimi, [(AGENT_VOICE_TEXT, AGENT_VOICE, 1.0)])[0].codes[:, :VOICE_FRAMES]
-    corpus: Corpus = synthesise_corpus(mimi, "train", config.train_questions, config.train_chatter, config.seed)
+    corpus: Corpus = synthesise_corpus(mimi, "train", config.train_questions, config.train_chatter, config.seed,
+                                       config.train_follow_ups)
     assembler = Assembler.for_model(model, VoicePrompt("agent", codes=voice_codes))
     params = prepare_for_training(lm, config.context)
     lm.train()

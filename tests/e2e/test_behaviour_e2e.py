@@ -47,8 +47,8 @@ from .servers import RunningServer, start_server, stop_server
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # Spans are timed, not cut: a loaded host's Whisper must not decide an outcome (the bench reports the times). Blocks
-# up to 320 frames: the default persona and voice prefix takes about 294. The KV ring is the context (96 frames)
-# plus those 320: it wraps after 33.3 s.
+# up to 320 frames: the reference persona and voice prefix takes about 294 (the trained default persona's, 39). The
+# KV ring is the context (96 frames) plus those 320: it wraps after 33.3 s.
 FLAGS = ("--span-deadline-s", "20", "--question-wait-s", "3", "--max-span-frames", "320")
 RING_FRAMES = 96 + 320
 # The model is sampled, and it is tiny: it does not ask after every question (the bench measures how often, README).

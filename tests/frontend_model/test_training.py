@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 import torch
 
+from backend_agent.request import Answered, Request
 from backend_agent.router import Router
 from backend_agent.tools import build_catalogue
 from frontend_model.engine.codec import FrameCodec
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.loading.tiny_files import cached_tiny_checkpoint
-from frontend_model.span.build import build_span
+from frontend_model.span.build import build_prefix, build_span
 from frontend_model.span.voice_prompt import VoicePrompt
 from frontend_model.training import checkpoint as training_checkpoint
 from frontend_model.training import command as training_command
@@ -30,24 +31,32 @@ from frontend_model.training.data import (
     PAD_WEIGHT,
     RET_OFFSETS,
     RET_WEIGHT,
+    TRAINED_PERSONA,
     Assembler,
     Corpus,
+    Question,
+    Utterance,
     batch,
     ret_after,
+    served_silence,
     speak_and_encode,
     synthesise_corpus,
 )
 from frontend_model.training.recipes import (
     _APP_SLOTS,
     _APP_TEMPLATES,
+    _FOLLOW_UPS,
     _TEMPLATES,
     HELD_OUT_VOICES,
     TRAIN_VOICES,
     app_text,
     draw_exchange,
+    draw_follow_up,
+    follow_up_kinds,
 )
+from frontend_model.training.served import PROFILES, as_served, room
 from frontend_model.training.speech import Voice
-from frontend_model.training.trainer import Batches, TrainConfig, learning_rate_factor, slipped
+from frontend_model.training.trainer import VOICE_FRAMES, Batches, TrainConfig, learning_rate_factor, slipped
 from tests.e2e.test_behaviour_e2e import APP_TEXTS
 
 
@@ -262,6 +271,7 @@ def test_a_short_training_writes_a_context_spanning_checkpoint_loaded_once_per_k
     loaded = load_model("contextspan", str(directory), device="cpu")
     assert loaded.layout == "contextspan" and not loaded.random_weights
     assert loaded.lm.context == 40 and VOICE_NAME in loaded.voice_prompts
+    assert loaded.span.contract.persona_text(None) == TRAINED_PERSONA, "served with the persona it was trained with"
     assert (directory / REPORT).exists()
     agent = loaded.lm.n_q // 2
     assert all(float(emb.weight.detach().abs().sum()) == 0 for emb in list(loaded.lm.emb)[:agent])
@@ -275,11 +285,14 @@ def test_a_short_training_writes_a_context_spanning_checkpoint_loaded_once_per_k
 
 def test_the_user_is_quiet_in_training_as_a_quiet_microphone_encodes_when_serving(model: LoadedModel) -> None:
     """Frame by frame from a session's start, through its first seconds and into a long silence: codes the model
-    never saw in silence (the span placeholders, or one settled column) made it ask in silence or stop copying."""
+    never saw in silence (the span placeholders, or one settled column) made it ask in silence or stop copying.
+    Digital silence as served: through the client's Opus, the server's decoder and leveller, the streaming codec."""
+    pcm = as_served(np.zeros(240 * FRAME_SAMPLES, np.float32))
     codec = FrameCodec(model.mimi)
     codec.open()
     try:
-        served = torch.stack([codec.encode(np.zeros(FRAME_SAMPLES, np.float32)).cpu() for _ in range(240)], dim=1)
+        served = torch.stack([codec.encode(pcm[i * FRAME_SAMPLES:(i + 1) * FRAME_SAMPLES]).cpu()
+                              for i in range(240)], dim=1)
     finally:
         codec.close()
     a = assembler(model)
@@ -302,3 +315,120 @@ def test_the_train_command_trains_the_recipe_its_flags_name(tmp_path: Path, monk
     assert training_command.train_main(["--out", str(tmp_path / "out"), *flags]) == 0
     assert asked == [TrainConfig(copy_steps=4000, app_share=0.12, slip=0.2)]
     assert json.loads((tmp_path / "out" / REPORT).read_text())["cache_key"] == cache_key(asked[0])
+
+
+def test_noise_profiles_render_the_same_for_a_seed_and_each_room_differs(model: LoadedModel) -> None:
+    """A room is seeded (the same codes for the same seed), its level is the profile's, and digital silence and the
+    rooms reach the model as different codes: a room is levelled up as serving levels it."""
+    assert PROFILES[0].rms == 0 and len({p.name for p in PROFILES}) == len(PROFILES) >= 4
+    for profile in PROFILES[1:]:
+        noise = room(profile, 48000, np.random.default_rng(3))
+        assert np.array_equal(noise, room(profile, 48000, np.random.default_rng(3)))
+        expected = np.hypot(profile.rms, profile.hum / np.sqrt(2))
+        assert float(np.sqrt(np.mean(noise**2))) == pytest.approx(expected, rel=0.1)
+    raw = room(PROFILES[2], 60 * FRAME_SAMPLES, np.random.default_rng(0))
+    served = as_served(raw)
+    assert np.sqrt(np.mean(served[-FRAME_SAMPLES * 20:] ** 2)) > 10 * np.sqrt(np.mean(raw**2)), "levelled up"
+    tracks = [served_silence(model.mimi, 40, profile, seed=1) for profile in PROFILES[:3]]
+    assert torch.equal(tracks[1], served_silence(model.mimi, 40, PROFILES[1], seed=1))
+    assert not torch.equal(tracks[1], served_silence(model.mimi, 40, PROFILES[1], seed=2))
+    assert not torch.equal(tracks[0], tracks[1]) and not torch.equal(tracks[1], tracks[2])
+
+
+# A fake corpus's user codes, plus the profile: a question's, a follow-up's, chatter's, the room's after them, the
+# first frame of a question (or follow-up) and of chatter.
+TRACK, ASKED, FOLLOWED, SAID, AFTER, ASKS, SAYS = 1800, 1850, 1870, 1900, 1950, 1980, 1990
+
+
+def fake_corpus(model: LoadedModel) -> tuple[Assembler, Corpus]:
+    """An assembler whose profiles' tracks and a corpus whose utterances carry codes that say what they are."""
+    user = model.lm.n_q - model.span.agent_codebooks
+
+    def codes(value: int, frames: int) -> torch.Tensor:
+        return torch.full((user, frames), value, dtype=torch.long)
+
+    def utterance(value: int, profile: int, speech: int) -> Utterance:
+        said = codes(value + profile, speech + 6)
+        said[:, 0] = (SAYS if value == SAID else ASKS) + profile
+        return Utterance(f"{value}", "fake", said, speech, profile, codes(AFTER + profile, 24))
+
+    profiles = range(len(PROFILES))
+    questions = tuple(Question(utterance(ASKED, p, 20 + p), kind) for p in profiles for kind in ("time", "math"))
+    follow_ups = tuple(Question(utterance(FOLLOWED, p, 10), kind) for p in profiles for kind in ("time", "math"))
+    chatter = tuple(utterance(SAID, p, 15) for p in profiles)
+    lm = model.lm
+    tracks = tuple(codes(TRACK + p, 240) for p in profiles)
+    assembler = Assembler(model.tokenizer, model.span, list(lm.delays), lm._get_initial_token()[0, :, 0].cpu(), None,
+                          tracks)
+    return assembler, Corpus("train", questions, chatter, follow_ups)
+
+
+def test_a_conversation_is_in_one_profile_s_room_its_quiet_stretches_from_that_profile_s_track(
+    model: LoadedModel
+) -> None:
+    assembler, corpus = fake_corpus(model)
+    user = 1 + model.span.agent_codebooks  # the user's semantic row (no delay)
+    seen = set()
+    for seed in range(60):
+        sequence = assembler.conversation(random.Random(seed), corpus, 8, 3)
+        codes = {int(c) for c in sequence.columns[user]} - {model.span.sine_codes[0], assembler.initial[user]}
+        profiles = {c % 10 for c in codes}
+        assert len(profiles) == 1, codes
+        profile = profiles.pop()
+        seen.add(profile)
+        assert TRACK + profile in codes
+        assert codes <= {c + profile for c in (TRACK, ASKED, FOLLOWED, SAID, AFTER, ASKS, SAYS)}
+    assert len(seen) >= 4
+
+
+def test_multi_turn_conversations_ret_after_every_question_and_never_after_chatter(model: LoadedModel) -> None:
+    """Every `<ret>` is on a question's (or follow-up's) last frames; every question gets one; chatter none. Some
+    conversations ask more than once, some follow up, some ask while the agent still answers."""
+    assembler, corpus = fake_corpus(model)
+    span = model.span
+    user = 1 + span.agent_codebooks
+    several = follow_up = barge_in = 0
+    for seed in range(150):
+        sequence = assembler.conversation(random.Random(seed), corpus, 8, 3)
+        text, heard = sequence.columns[0].tolist(), [int(c) // 10 * 10 for c in sequence.columns[user]]
+        questions = [i for i, h in enumerate(heard) if h == ASKS]
+        assert len(sequence.ret_columns) == len(questions)
+        for ret, start in zip(sequence.ret_columns, questions, strict=True):
+            assert heard[ret] in (ASKED, FOLLOWED) and start < ret, "<ret> on the question's tail"
+            assert SAYS not in heard[start:ret] and ASKS not in heard[start + 1:ret], "after its question, no other"
+        assert not any(text[i] == span.ret_id for i, h in enumerate(heard) if h == SAID)
+        several += len(questions) > 1
+        follow_up += FOLLOWED in heard
+        answered = {c for said in sequence.answer_columns for c in said}
+        barge_in += any(heard[c] in (ASKED, FOLLOWED) for c in answered)
+    assert several > 10 and follow_up > 5 and barge_in > 2, (several, follow_up, barge_in)
+
+
+def test_the_trained_default_persona_s_prefix_fits_well_inside_the_attention_context(model: LoadedModel) -> None:
+    voice = VoicePrompt("agent", codes=torch.zeros(model.span.agent_codebooks, VOICE_FRAMES, dtype=torch.long))
+    prefix = build_prefix(TRAINED_PERSONA, model.tokenizer, model.span, voice, list(model.lm.delays))
+    assert prefix is not None and prefix.block.tokens.shape[1] <= 40 <= TrainConfig().context - 56
+    persona = [assembler(model, voice).prefix(random.Random(seed)) for seed in range(40)]
+    assert sum(p is not None and p.block.tokens.shape[1] == prefix.block.tokens.shape[1] for p in persona) > 10
+
+
+def test_the_router_resolves_every_follow_up_from_the_question_answered_before_it() -> None:
+    router = Router(build_catalogue(clock=lambda: datetime(2026, 12, 2, 9, 30, tzinfo=UTC)))
+    rng = random.Random(0)
+    for split in ("train", "held_out"):
+        asked = 0
+        while asked < 200:
+            exchange = draw_exchange(rng, split)
+            if exchange.kind not in follow_up_kinds(split):
+                continue
+            first = router.answer(exchange.question)
+            assert first is not None
+            follow = draw_follow_up(rng, split, exchange.kind)
+            answered = Answered(exchange.question, first.tool, first.arguments, first.text)
+            routed = router.route(Request((follow,), answered=(answered,)))
+            assert routed.answer is not None and routed.answer.tool == first.tool, (exchange.question, follow)
+            asked += 1
+    held = [template_words(t) for kind in _FOLLOW_UPS["held_out"].values() for t in kind]
+    for kind in _FOLLOW_UPS["train"].values():
+        for template in kind:
+            assert min(word_edits(template_words(template), h) for h in held) >= 2, template
