@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
@@ -45,7 +46,7 @@ from server.ops.recording import recording_path
 from server.session.backend import Backend
 from server.session.persona import PersonaError
 from server.session.realtime_wire import RealtimeWire
-from server.session.resume import Resumes, ResumeState, StoreUnavailable
+from server.session.resume import MemoryResumeStore, Resumes, ResumeState, ResumeStore, StoreUnavailable
 from server.session.session import Session, SessionEnd, SessionOptions
 from server.session.trigger import ResolvedTrigger, resolve_trigger
 from server.session.wire import SessionWire
@@ -77,16 +78,21 @@ class ServerState:
     trigger: ResolvedTrigger | None = None  # resolved for the loaded checkpoint (server/session/trigger.py)
     optimisations: Optimisations | None = None  # which GPU optimisations started, for the loaded model's device
     sessions: dict[str, Session] = field(default_factory=dict)
-    tokens: auth.TokenIssuer = field(init=False)
+    tokens: auth.SessionTokens = field(init=False)
+    spent: ResumeStore = field(init=False)  # which session tokens were spent: the resume store's set, shared or not
     signer: auth.RecordingSigner = field(default_factory=auth.RecordingSigner)
     connections: ConnectionsPerAddress = field(init=False)
     resumes: Resumes | None = field(init=False)  # None: resume is off
     draining: bool = False
 
     def __post_init__(self) -> None:
-        self.tokens = auth.TokenIssuer(self.settings.token_ttl_s)
-        self.connections = ConnectionsPerAddress(self.settings.max_connections_per_ip)
-        self.resumes = Resumes.from_settings(self.settings)
+        settings = self.settings
+        # Replicas given the same secret check each other's session and resume tokens; unset, one per process.
+        secret = settings.resume_secret.encode() if settings.resume_secret else secrets.token_bytes(32)
+        self.tokens = auth.SessionTokens(secret, settings.token_ttl_s)
+        self.connections = ConnectionsPerAddress(settings.max_connections_per_ip)
+        self.resumes = Resumes.from_settings(settings, secret)
+        self.spent = self.resumes.store if self.resumes is not None else MemoryResumeStore()
 
     def ready(self) -> bool:
         return self.batcher is not None and self.worker is not None
@@ -420,9 +426,9 @@ async def open_session(ws: WebSocket, state: ServerState, credential: str | None
         resuming = wire is None and "resume" in ws.query_params  # /v1/realtime does not resume yet
         if settings.api_keys and not resuming and not (api_key_accepted and
                                                         auth.api_key_ok(credential, settings.api_keys)):
-            check = state.tokens.redeem(credential)
+            check = await redeem(state, credential)
             if check is not auth.TokenCheck.OK:
-                await deny(ws, state, 401, f"token_{check.value}", TOKEN_HELP[check])
+                await deny(ws, state, *TOKEN_REFUSALS[check])
                 return
         await ws.accept(subprotocol=auth.accepted_subprotocol(ws.headers))
         await serve_session(ws, state, wire)
@@ -430,11 +436,27 @@ async def open_session(ws: WebSocket, state: ServerState, credential: str | None
         state.connections.leave(address)
 
 
-TOKEN_HELP = {
-    auth.TokenCheck.MISSING: "this server needs a session token from POST /api/token",
-    auth.TokenCheck.UNKNOWN: "unknown or already used session token: each token opens one session",
-    auth.TokenCheck.EXPIRED: "session token expired: get a fresh one from POST /api/token",
-}
+TOKEN_REFUSALS = {check: (status, f"token_{check.value}", message) for check, status, message in (
+    (auth.TokenCheck.MISSING, 401, "this server needs a session token from POST /api/token"),
+    (auth.TokenCheck.UNKNOWN, 401, "unknown or already used session token: each token opens one session"),
+    (auth.TokenCheck.EXPIRED, 401, "session token expired: get a fresh one from POST /api/token"),
+    (auth.TokenCheck.STORE_UNAVAILABLE, 503, "the token store cannot be reached: try again with the same token"),
+)}
+
+
+async def redeem(state: ServerState, token: str | None) -> auth.TokenCheck:
+    """Spends a session token on this connection. A spent set that cannot answer refuses it unspent (fail closed:
+    a token must never open two sessions), so the client may try the same token again while it lasts."""
+    claim = state.tokens.check(token)
+    if claim.check is not auth.TokenCheck.OK:
+        return claim.check
+    try:
+        first = await state.spent.spend(claim.key, claim.left_s)
+    except StoreUnavailable as exc:
+        if state.resumes is not None:
+            state.resumes.answered(exc)
+        return auth.TokenCheck.STORE_UNAVAILABLE
+    return auth.TokenCheck.OK if first else auth.TokenCheck.UNKNOWN
 
 
 def admission_refusal(ws: WebSocket, state: ServerState) -> tuple[int, str, str] | None:

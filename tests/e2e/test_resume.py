@@ -2,11 +2,13 @@
 real redis-server on loopback and the resume secret). A conversation on A (a typed question answered by the built-in
 router, so a span goes in and the backend stores turns), A drained or killed -9, the client resumes on B by itself:
 the same session id, its history replayed past the span, the transcript going on, the turns in B's context store.
-Then the refusals (bad, other user's, expired, unknown tokens) and Redis going down."""
+Then the refusals (bad, other user's, expired, unknown tokens), a session token that one replica issued and another
+spends once, and Redis going down."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 import websockets
+from websockets.exceptions import InvalidStatus
 
 from backend_agent.context_store import ContextStore
 from benchmarks.harness import stream
@@ -32,11 +35,12 @@ pytestmark = pytest.mark.slow
 SECRET = "replicas-share-this"
 USER = "ada"
 QUESTION = "What is twelve times twelve?"
+API_KEY = "operator-key-for-tests"
 
 
-def replica(tmp: Path, redis: RedisServer) -> RunningServer:
+def replica(tmp: Path, redis: RedisServer, *flags: str) -> RunningServer:
     return start_server(tmp, "--no-asr", "--max-sessions", "1", "--resume-store", redis.url, "--resume-secret",
-                        SECRET, "--context-store", str(tmp / "context.db"), "--shutdown-grace-s", "5")
+                        SECRET, "--context-store", str(tmp / "context.db"), "--shutdown-grace-s", "5", *flags)
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +142,30 @@ def test_bad_other_users_expired_and_unknown_tokens_are_refused(b: RunningServer
         "unknown": p.CLOSE_RESUME_UNKNOWN}
     assert all(token not in reason and forged not in reason for _, reason in closes.values())
     assert token not in b.log.read_text(), "tokens are never logged"
+
+
+def test_a_session_token_from_one_replica_opens_one_session_on_any(tmp_path_factory: pytest.TempPathFactory,
+                                                                   redis: RedisServer) -> None:
+    """As behind a load balancer: the backend's POST /api/token lands on A, the page's WebSocket on C."""
+    a, c = (replica(tmp_path_factory.mktemp(name), redis, "--api-keys", API_KEY) for name in ("a", "c"))
+    try:
+        response = httpx.post(f"{a.http}/api/token", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
+        token = response.json()["token"]
+
+        async def spend(server: RunningServer) -> bytes | tuple[int, str]:
+            try:
+                async with websockets.connect(chat_url(server.ws), additional_headers={
+                        "Authorization": f"Bearer {token}"}, open_timeout=10) as ws:
+                    return await asyncio.wait_for(ws.recv(), timeout=30)
+            except InvalidStatus as refusal:
+                return refusal.response.status_code, json.loads(refusal.response.body or b"{}")["error"]
+
+        assert asyncio.run(spend(c)) == p.handshake(), "a session on C"
+        assert asyncio.run(spend(a)) == (401, "token_unknown"), "the same token again, on A"
+    finally:
+        stop_server(a)
+        stop_server(c)
+    assert token not in a.log.read_text() + c.log.read_text(), "tokens are never logged"
 
 
 def test_with_redis_down_sessions_go_on_and_resume_is_unavailable(redis: RedisServer, b: RunningServer) -> None:
