@@ -49,7 +49,7 @@ from server.session.realtime_wire import RealtimeWire
 from server.session.resume import MemoryResumeStore, Resumes, ResumeState, ResumeStore, StoreUnavailable
 from server.session.session import Session, SessionEnd, SessionOptions
 from server.session.trigger import ResolvedTrigger, resolve_trigger
-from server.session.wire import SessionWire
+from server.session.wire import MoshiWire, SessionWire
 from server.settings import ServerSettings
 from server.wire import protocol as p
 from server.wire import realtime as rt
@@ -99,7 +99,7 @@ class ServerState:
 
     async def drain(self, grace_s: float) -> None:
         """SIGTERM: refuse new sessions, warn the live ones, let them run, close what is left before the grace ends.
-        With a shared resume store that answers, resumable sessions (`/api/chat`'s) are handed over at once instead:
+        With a shared resume store that answers, every session (of either endpoint) is handed over at once instead:
         each saves its state and closes with CLOSE_RESUME_ELSEWHERE and its token, to resume on another replica.
 
         Closing goes through each session's normal teardown, so recordings are complete when this returns.
@@ -423,7 +423,7 @@ async def open_session(ws: WebSocket, state: ServerState, credential: str | None
         return
     try:
         # A resume token stands in for the session token: it is signed, bound to its user and checked once accepted.
-        resuming = wire is None and "resume" in ws.query_params  # /v1/realtime does not resume yet
+        resuming = "resume" in ws.query_params
         if settings.api_keys and not resuming and not (api_key_accepted and
                                                         auth.api_key_ok(credential, settings.api_keys)):
             check = await redeem(state, credential)
@@ -516,8 +516,8 @@ async def serve_session(ws: WebSocket, state: ServerState,
         await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason("not_ready", reason))
         return
     resumed = None
-    if wire is None and (token := ws.query_params.get("resume")) is not None:
-        resumed = await take_over(ws, state, token)
+    if (token := ws.query_params.get("resume")) is not None:
+        resumed = await take_over(ws, state, token, MoshiWire.protocol if wire is None else RealtimeWire.protocol)
         if resumed is None:
             return
     try:
@@ -546,7 +546,7 @@ async def serve_session(ws: WebSocket, state: ServerState,
                           ws.query_params.get("user"), state.signer if settings.api_keys else None,
                           state.trigger.trigger if state.trigger else "ret",
                           auth.app_spans_allowed(settings.app_spans, authenticated=bool(settings.api_keys)), wire,
-                          state.resumes if wire is None else None, resumed)  # /v1/realtime cannot resume yet
+                          state.resumes, resumed)
         session_id_var.set(session.id)
         state.sessions[session.id] = session
         metrics.sessions.labels("accepted").inc()
@@ -589,9 +589,9 @@ RESUME_REFUSALS = {
 }
 
 
-async def take_over(ws: WebSocket, state: ServerState, token: str) -> ResumeState | None:
-    """The kept state of the session `token` names, for this connection to continue; None once the socket is closed
-    with the reason it cannot be (the token itself is never logged nor echoed)."""
+async def take_over(ws: WebSocket, state: ServerState, token: str, protocol: str) -> ResumeState | None:
+    """The kept state of the session `token` names, for this connection (speaking `protocol`) to continue; None once
+    the socket is closed with the reason it cannot be (the token itself is never logged nor echoed)."""
     resumes = state.resumes
     refusal: tuple[int, str, str] | None = None
     saved = None
@@ -612,6 +612,8 @@ async def take_over(ws: WebSocket, state: ServerState, token: str) -> ResumeStat
                 logger.exception("session %s: unreadable resume state", session_id)
         if saved is None and refusal is None:
             refusal = p.CLOSE_RESUME_UNKNOWN, "resume_unknown", "no state is kept for that session (ended or expired)"
+        elif saved is not None and saved.protocol != protocol:
+            refusal = p.CLOSE_RESUME_UNKNOWN, "resume_unknown", "that session was opened on the other endpoint"
     if refusal is not None:
         state.metrics.sessions.labels(f"refused_{refusal[1]}").inc()
         await ws.close(refusal[0], p.close_reason(*refusal[1:]))

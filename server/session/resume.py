@@ -2,8 +2,9 @@
 
 A session saves its `ResumeState` every `resume_save_s` (and once more when a drain hands it over): the model's
 token history (frontend_model/engine/history.py, about 425 bytes a second) and what the server needs besides to go
-on, as plain data: the persona and voice it was opened with, its events choice, the backend's turns, the user's
-profile and notes, the latest injected spans' text. Any replica that reads it replays the history into a free slot.
+on, as plain data: the protocol it speaks, the persona and voice in effect, its events choice, the client tools it
+declared, the backend's turns, the user's profile and notes, the latest injected spans' text, and what its protocol
+keeps of its own (a Realtime session's id and settings). Any replica that reads it replays the history into a free slot.
 Each save renews the TTL, so a state outlives its session by `resume_ttl_s`; a session the client ended normally
 drops its state. A store that is unreachable makes saves and resumes fail, never the sessions.
 
@@ -60,6 +61,9 @@ class ResumeState:
     spans: list[str] = field(default_factory=list)
     stream_time: float = 0.0
     saved_at: float = field(default_factory=time.time)
+    protocol: str = "chat"  # the wire's (SessionWire.protocol): a session resumes on its own endpoint only
+    tools: list[dict[str, object]] = field(default_factory=list)  # the client tools declared (p.ClientTool)
+    wire: dict[str, object] = field(default_factory=dict)  # SessionWire.saved()
 
     def to_bytes(self) -> bytes:
         header = {k: v for k, v in asdict(self).items() if k != "history"}

@@ -8,11 +8,13 @@ spends once, and Redis going down."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -23,10 +25,12 @@ from websockets.exceptions import InvalidStatus
 from backend_agent.context_store import ContextStore
 from benchmarks.harness import stream
 from contextspan_client import AudioChunk, SessionClosed, chat_url, connect
-from frontend_model.frame import SAMPLE_RATE
+from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from frontend_model.loading.loader import load_model
 from server.guard.auth import ResumeSigner
+from server.session.resume import RedisResumeStore, ResumeState
 from server.wire import protocol as p
+from server.wire import realtime as rt
 from tests.support.redis_server import RedisServer, redis_server
 
 from .servers import RunningServer, in_process_server, pinned_settings, start_server, stop_server
@@ -122,8 +126,9 @@ def test_a_replica_killed_9_loses_at_most_the_last_second(tmp_path: Path, redis:
     check_resumed(events, b)
 
 
-async def refused(b: RunningServer, token: str, user: str = USER) -> tuple[int | None, str]:
-    async with websockets.connect(f"{b.ws}/api/chat?events=1&user={user}&resume={token}") as ws:
+async def refused(b: RunningServer, token: str, user: str = USER, endpoint: str = "/api/chat?events=1&"
+                  ) -> tuple[int | None, str]:
+    async with websockets.connect(f"{b.ws}{endpoint}user={user}&resume={token}") as ws:
         with pytest.raises(websockets.ConnectionClosed):
             await asyncio.wait_for(ws.recv(), timeout=10)
     return ws.close_code, ws.close_reason or ""
@@ -142,6 +147,79 @@ def test_bad_other_users_expired_and_unknown_tokens_are_refused(b: RunningServer
         "unknown": p.CLOSE_RESUME_UNKNOWN}
     assert all(token not in reason and forged not in reason for _, reason in closes.values())
     assert token not in b.log.read_text(), "tokens are never logged"
+
+
+async def realtime_across(a: RunningServer, b: RunningServer) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A /v1/realtime session on A set up by session.update (instructions, a tool, a temperature) that asks a typed
+    question; A drains once the span is in and saved, and the session goes on on B with the token of close 4000.
+    Every event A sent, then every event B sent in the 2 s of audio after the resume."""
+    seen: list[dict[str, Any]] = []
+    frame = rt.encode_audio(np.zeros(FRAME_SAMPLES, np.float32))
+
+    async def listen(ws: websockets.ClientConnection, into: list[dict[str, Any]]) -> None:
+        with contextlib.suppress(websockets.ConnectionClosed):  # how it closed is checked below
+            async for text in ws:
+                into.append(json.loads(text))
+
+    async def talk(ws: websockets.ClientConnection, frames: int) -> None:
+        for _ in range(frames):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": frame}))
+            await asyncio.sleep(FRAME_SAMPLES / SAMPLE_RATE)
+
+    async with websockets.connect(f"{a.ws}/v1/realtime?user={USER}", max_size=None) as ws:
+        listener = asyncio.create_task(listen(ws, seen))
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "instructions": "You are a careful calculator.", "temperature": 0.6,
+            "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]}}))
+        talker = asyncio.create_task(talk(ws, 15 * 12))
+        await asyncio.sleep(1.0)
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}}))
+        deadline = time.monotonic() + 10
+        while not any(e["type"] == "contextspan.span.injected" for e in seen):
+            assert time.monotonic() < deadline and not listener.done(), [e["type"] for e in seen]
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.5)  # a save with the span in it
+        a.process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(listener, timeout=10)
+        talker.cancel()
+    assert (ws.close_code, json.loads(ws.close_reason or "{}").get("error")) == (
+        p.CLOSE_RESUME_ELSEWHERE, "resume_elsewhere")
+    token = json.loads(ws.close_reason or "{}")["message"]
+    after: list[dict[str, Any]] = []
+    async with websockets.connect(f"{b.ws}/v1/realtime?user={USER}&resume={token}", max_size=None) as ws:
+        listener = asyncio.create_task(listen(ws, after))
+        await talk(ws, 25)
+        await ws.close()
+        await listener
+    return seen, after
+
+
+def test_a_realtime_session_drained_on_one_replica_goes_on_on_another(tmp_path: Path, redis: RedisServer,
+                                                                     b: RunningServer) -> None:
+    a = replica(tmp_path, redis)
+    try:
+        seen, after = asyncio.run(realtime_across(a, b))
+        a.process.wait(timeout=30)
+    finally:
+        stop_server(a)
+    first = next(e for e in seen if e["type"] == "session.created")
+    updated = [e for e in seen if e["type"] == "session.updated"][-1]["session"]
+    second = next(e for e in after if e["type"] == "session.created")
+    assert second["session"]["id"] == first["session"]["id"] and first["contextspan"]["resume"]
+    assert second["session"]["instructions"] == updated["instructions"] == "You are a careful calculator."
+    assert second["session"]["temperature"] == 0.6 and [t["name"] for t in second["session"]["tools"]] == [
+        "get_weather"], "what session.update set, kept"
+    span = next(e for e in seen if e["type"] == "contextspan.span.injected")
+    assert second["contextspan"]["resumed_frames"] >= span["offset_after"], "the history is replayed past the span"
+    assert sum(e["type"] == "response.output_audio.delta" for e in after) >= 20, "the agent goes on on B"
+    store = ContextStore(b.recordings.parent / "context.db")
+    try:
+        turns = store.turns(first["session"]["id"].removeprefix("sess_"))
+        assert ("user", QUESTION) in [(t.role, t.text) for t in turns], \
+            "the turns are in B's context store"
+    finally:
+        store.close()
 
 
 def test_a_session_token_from_one_replica_opens_one_session_on_any(tmp_path_factory: pytest.TempPathFactory,
@@ -166,6 +244,28 @@ def test_a_session_token_from_one_replica_opens_one_session_on_any(tmp_path_fact
         stop_server(a)
         stop_server(c)
     assert token not in a.log.read_text() + c.log.read_text(), "tokens are never logged"
+
+
+def test_realtime_resumes_are_refused_as_chat_ones_and_a_chat_session_is_not_resumed_as_realtime(
+        redis: RedisServer, b: RunningServer) -> None:
+    signer = ResumeSigner(SECRET.encode())
+    chat = "20261204T000000Z-0c4a7000"
+    store = RedisResumeStore(redis.url)
+
+    async def keep() -> None:
+        try:
+            await store.save(ResumeState(chat, USER, None, None, True, b"", protocol="chat"), ttl_s=60)
+        finally:
+            await store.aclose()
+
+    asyncio.run(keep())
+    forged = ResumeSigner(b"not-the-secret").issue(chat, USER, 600)
+    cases = {"bad": (forged, USER), "other": (signer.issue(chat, USER, 600), "mallory"),
+             "chat": (signer.issue(chat, USER, 600), USER)}
+    closes = {name: asyncio.run(refused(b, token, user, "/v1/realtime?")) for name, (token, user) in cases.items()}
+    assert {name: code for name, (code, _) in closes.items()} == {
+        "bad": p.CLOSE_RESUME_BAD_TOKEN, "other": p.CLOSE_RESUME_OTHER_USER, "chat": p.CLOSE_RESUME_UNKNOWN}
+    assert "other endpoint" in closes["chat"][1]
 
 
 def test_with_redis_down_sessions_go_on_and_resume_is_unavailable(redis: RedisServer, b: RunningServer) -> None:

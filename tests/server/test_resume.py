@@ -58,7 +58,9 @@ def test_a_token_resumes_its_session_for_its_user_only_until_it_expires() -> Non
 def state(session_id: str = "s1", history: bytes = b"CSHI\x01history") -> ResumeState:
     return ResumeState(session_id, "ada", "You are Ada.", None, True, history, turns=[("user", "hi"),
                        ("agent", "hello")], profile={"user_id": "ada", "name": "Ada"}, notes="likes tea",
-                       spans=["(tool result) It is noon."], stream_time=3.2, saved_at=1.5)
+                       spans=["(tool result) It is noon."], stream_time=3.2, saved_at=1.5, protocol="realtime",
+                       tools=[{"name": "get_weather", "description": "", "parameters": {"type": "object"}}],
+                       wire={"temperature": 0.6, "tools": []})
 
 
 def test_a_state_goes_through_bytes() -> None:
