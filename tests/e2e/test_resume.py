@@ -1,9 +1,10 @@
 """Sessions that outlive their replica, with real servers: two replicas (two `contextspan serve` processes sharing a
 real redis-server on loopback and the resume secret). A conversation on A (a typed question answered by the built-in
 router, so a span goes in and the backend stores turns), A drained or killed -9, the client resumes on B by itself:
-the same session id, its history replayed past the span, the transcript going on, the turns in B's context store.
-Then the refusals (bad, other user's, expired, unknown tokens), a session token that one replica issued and another
-spends once, and Redis going down."""
+the same session id, its history replayed past the span, the transcript going on, the turns in B's context store;
+the same for a /v1/realtime session, with what its session.update set. Then the refusals (bad, other user's,
+expired, unknown tokens, on both endpoints), a session token that one replica issued and another spends once, and
+Redis going down."""
 
 from __future__ import annotations
 
