@@ -140,8 +140,9 @@ class ServerSettings(BaseSettings):
     resume_save_s: float = Field(1.0, gt=0, description="how often a live session's state is saved: what a crash "
                                  "loses at most")
     resume_secret: str | None = Field(
-        None, description="HMAC key of resume tokens; replicas that resume each other's sessions share it (unset: "
-        "one drawn per process, so a session resumes only where it started)")
+        None, description="HMAC key of resume tokens and session tokens; replicas that take each other's tokens and "
+        "resume each other's sessions share it (unset: one drawn per process, so a token works only where it was "
+        "issued)")
     force_ret_frame: int | None = Field(
         None, ge=0, description="test hook: act as if the model emitted <ret> at this frame of every session")
     fail_optimisations: list[Optimisation] = Field(

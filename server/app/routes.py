@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
@@ -45,10 +46,10 @@ from server.ops.recording import recording_path
 from server.session.backend import Backend
 from server.session.persona import PersonaError
 from server.session.realtime_wire import RealtimeWire
-from server.session.resume import Resumes, ResumeState, StoreUnavailable
+from server.session.resume import MemoryResumeStore, Resumes, ResumeState, ResumeStore, StoreUnavailable
 from server.session.session import Session, SessionEnd, SessionOptions
 from server.session.trigger import ResolvedTrigger, resolve_trigger
-from server.session.wire import SessionWire
+from server.session.wire import MoshiWire, SessionWire
 from server.settings import ServerSettings
 from server.wire import protocol as p
 from server.wire import realtime as rt
@@ -77,23 +78,28 @@ class ServerState:
     trigger: ResolvedTrigger | None = None  # resolved for the loaded checkpoint (server/session/trigger.py)
     optimisations: Optimisations | None = None  # which GPU optimisations started, for the loaded model's device
     sessions: dict[str, Session] = field(default_factory=dict)
-    tokens: auth.TokenIssuer = field(init=False)
+    tokens: auth.SessionTokens = field(init=False)
+    spent: ResumeStore = field(init=False)  # which session tokens were spent: the resume store's set, shared or not
     signer: auth.RecordingSigner = field(default_factory=auth.RecordingSigner)
     connections: ConnectionsPerAddress = field(init=False)
     resumes: Resumes | None = field(init=False)  # None: resume is off
     draining: bool = False
 
     def __post_init__(self) -> None:
-        self.tokens = auth.TokenIssuer(self.settings.token_ttl_s)
-        self.connections = ConnectionsPerAddress(self.settings.max_connections_per_ip)
-        self.resumes = Resumes.from_settings(self.settings)
+        settings = self.settings
+        # Replicas given the same secret check each other's session and resume tokens; unset, one per process.
+        secret = settings.resume_secret.encode() if settings.resume_secret else secrets.token_bytes(32)
+        self.tokens = auth.SessionTokens(secret, settings.token_ttl_s)
+        self.connections = ConnectionsPerAddress(settings.max_connections_per_ip)
+        self.resumes = Resumes.from_settings(settings, secret)
+        self.spent = self.resumes.store if self.resumes is not None else MemoryResumeStore()
 
     def ready(self) -> bool:
         return self.batcher is not None and self.worker is not None
 
     async def drain(self, grace_s: float) -> None:
         """SIGTERM: refuse new sessions, warn the live ones, let them run, close what is left before the grace ends.
-        With a shared resume store that answers, resumable sessions (`/api/chat`'s) are handed over at once instead:
+        With a shared resume store that answers, every session (of either endpoint) is handed over at once instead:
         each saves its state and closes with CLOSE_RESUME_ELSEWHERE and its token, to resume on another replica.
 
         Closing goes through each session's normal teardown, so recordings are complete when this returns.
@@ -417,12 +423,12 @@ async def open_session(ws: WebSocket, state: ServerState, credential: str | None
         return
     try:
         # A resume token stands in for the session token: it is signed, bound to its user and checked once accepted.
-        resuming = wire is None and "resume" in ws.query_params  # /v1/realtime does not resume yet
+        resuming = "resume" in ws.query_params
         if settings.api_keys and not resuming and not (api_key_accepted and
                                                         auth.api_key_ok(credential, settings.api_keys)):
-            check = state.tokens.redeem(credential)
+            check = await redeem(state, credential)
             if check is not auth.TokenCheck.OK:
-                await deny(ws, state, 401, f"token_{check.value}", TOKEN_HELP[check])
+                await deny(ws, state, *TOKEN_REFUSALS[check])
                 return
         await ws.accept(subprotocol=auth.accepted_subprotocol(ws.headers))
         await serve_session(ws, state, wire)
@@ -430,11 +436,27 @@ async def open_session(ws: WebSocket, state: ServerState, credential: str | None
         state.connections.leave(address)
 
 
-TOKEN_HELP = {
-    auth.TokenCheck.MISSING: "this server needs a session token from POST /api/token",
-    auth.TokenCheck.UNKNOWN: "unknown or already used session token: each token opens one session",
-    auth.TokenCheck.EXPIRED: "session token expired: get a fresh one from POST /api/token",
-}
+TOKEN_REFUSALS = {check: (status, f"token_{check.value}", message) for check, status, message in (
+    (auth.TokenCheck.MISSING, 401, "this server needs a session token from POST /api/token"),
+    (auth.TokenCheck.UNKNOWN, 401, "unknown or already used session token: each token opens one session"),
+    (auth.TokenCheck.EXPIRED, 401, "session token expired: get a fresh one from POST /api/token"),
+    (auth.TokenCheck.STORE_UNAVAILABLE, 503, "the token store cannot be reached: try again with the same token"),
+)}
+
+
+async def redeem(state: ServerState, token: str | None) -> auth.TokenCheck:
+    """Spends a session token on this connection. A spent set that cannot answer refuses it unspent (fail closed:
+    a token must never open two sessions), so the client may try the same token again while it lasts."""
+    claim = state.tokens.check(token)
+    if claim.check is not auth.TokenCheck.OK:
+        return claim.check
+    try:
+        first = await state.spent.spend(claim.key, claim.left_s)
+    except StoreUnavailable as exc:
+        if state.resumes is not None:
+            state.resumes.answered(exc)
+        return auth.TokenCheck.STORE_UNAVAILABLE
+    return auth.TokenCheck.OK if first else auth.TokenCheck.UNKNOWN
 
 
 def admission_refusal(ws: WebSocket, state: ServerState) -> tuple[int, str, str] | None:
@@ -494,8 +516,8 @@ async def serve_session(ws: WebSocket, state: ServerState,
         await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason("not_ready", reason))
         return
     resumed = None
-    if wire is None and (token := ws.query_params.get("resume")) is not None:
-        resumed = await take_over(ws, state, token)
+    if (token := ws.query_params.get("resume")) is not None:
+        resumed = await take_over(ws, state, token, MoshiWire.protocol if wire is None else RealtimeWire.protocol)
         if resumed is None:
             return
     try:
@@ -524,7 +546,7 @@ async def serve_session(ws: WebSocket, state: ServerState,
                           ws.query_params.get("user"), state.signer if settings.api_keys else None,
                           state.trigger.trigger if state.trigger else "ret",
                           auth.app_spans_allowed(settings.app_spans, authenticated=bool(settings.api_keys)), wire,
-                          state.resumes if wire is None else None, resumed)  # /v1/realtime cannot resume yet
+                          state.resumes, resumed)
         session_id_var.set(session.id)
         state.sessions[session.id] = session
         metrics.sessions.labels("accepted").inc()
@@ -567,9 +589,9 @@ RESUME_REFUSALS = {
 }
 
 
-async def take_over(ws: WebSocket, state: ServerState, token: str) -> ResumeState | None:
-    """The kept state of the session `token` names, for this connection to continue; None once the socket is closed
-    with the reason it cannot be (the token itself is never logged nor echoed)."""
+async def take_over(ws: WebSocket, state: ServerState, token: str, protocol: str) -> ResumeState | None:
+    """The kept state of the session `token` names, for this connection (speaking `protocol`) to continue; None once
+    the socket is closed with the reason it cannot be (the token itself is never logged nor echoed)."""
     resumes = state.resumes
     refusal: tuple[int, str, str] | None = None
     saved = None
@@ -590,6 +612,8 @@ async def take_over(ws: WebSocket, state: ServerState, token: str) -> ResumeStat
                 logger.exception("session %s: unreadable resume state", session_id)
         if saved is None and refusal is None:
             refusal = p.CLOSE_RESUME_UNKNOWN, "resume_unknown", "no state is kept for that session (ended or expired)"
+        elif saved is not None and saved.protocol != protocol:
+            refusal = p.CLOSE_RESUME_UNKNOWN, "resume_unknown", "that session was opened on the other endpoint"
     if refusal is not None:
         state.metrics.sessions.labels(f"refused_{refusal[1]}").inc()
         await ws.close(refusal[0], p.close_reason(*refusal[1:]))

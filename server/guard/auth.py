@@ -1,4 +1,4 @@
-"""Who may connect: operator API keys, single-use session tokens, browser origins, and the bind-address rule.
+"""Who may connect: operator API keys, signed single-use session tokens, browser origins, and the bind-address rule.
 
 Pure logic over headers and query strings, so that every case of the auth matrix is testable without a socket.
 An API key never travels through a browser: the operator's backend trades it for a short-lived token
@@ -11,10 +11,9 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from urllib.parse import urlsplit
 
@@ -27,41 +26,55 @@ BEARER_SUBPROTOCOL_PREFIX = "bearer."
 class TokenCheck(Enum):
     OK = "ok"
     MISSING = "missing"
-    UNKNOWN = "unknown"  # never issued, or already spent
+    UNKNOWN = "unknown"  # not signed with this deployment's secret, or already spent
     EXPIRED = "expired"
+    STORE_UNAVAILABLE = "store_unavailable"  # the shared spent set cannot say whether it was spent: refused
 
 
-@dataclass
-class TokenIssuer:
-    """Single-use tokens that expire `ttl_s` after issue; thread-safe, pruned as it goes."""
+def mac(secret: bytes, message: str, length: int) -> str:
+    """The one signing helper of tokens and links: HMAC-SHA256 of `message`, in hex, cut to `length`."""
+    return hmac.new(secret, message.encode(), hashlib.sha256).hexdigest()[:length]
 
+
+@dataclass(frozen=True)
+class TokenClaim:
+    """What a session token says once checked: the verdict, and for a genuine one the key that spending it marks
+    and how long that mark must last (until the token expires anyway)."""
+
+    check: TokenCheck
+    key: str = ""
+    left_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SessionTokens:
+    """Single-use session tokens `<nonce>.<expiry ms>.<mac>`, signed with the secret the replicas share, so that any
+    replica checks any replica's token with no shared state; that each opens one session is the spent set's part
+    (`ResumeStore.spend`). The expiry is wall-clock time, which replicas agree on."""
+
+    secret: bytes
     ttl_s: float
-    clock: Callable[[], float] = time.monotonic
-    _expiry: dict[str, float] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    clock: Callable[[], float] = time.time
+
+    def _mac(self, head: str) -> str:
+        return mac(self.secret, f"session-token:{head}", 32)  # never equal to a resume token's MAC of the same text
 
     def issue(self) -> str:
-        token = secrets.token_urlsafe(24)
-        now = self.clock()
-        with self._lock:
-            for stale in [t for t, expiry in self._expiry.items() if expiry <= now]:
-                del self._expiry[stale]
-            self._expiry[token] = now + self.ttl_s
-        return token
+        head = f"{secrets.token_urlsafe(16)}.{int((self.clock() + self.ttl_s) * 1000)}"
+        return f"{head}.{self._mac(head)}"
 
-    def redeem(self, token: str | None) -> TokenCheck:
-        """Spends the token: a second use of the same token is UNKNOWN, even within its lifetime."""
+    def check(self, token: str | None) -> TokenClaim:
+        """The signature first: a forged token is UNKNOWN whatever expiry it claims."""
         if not token:
-            return TokenCheck.MISSING
-        with self._lock:
-            expiry = self._expiry.pop(token, None)
-        if expiry is None:
-            return TokenCheck.UNKNOWN
-        return TokenCheck.OK if self.clock() < expiry else TokenCheck.EXPIRED
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._expiry)
+            return TokenClaim(TokenCheck.MISSING)
+        head, _, signature = token.rpartition(".")
+        nonce, _, expiry = head.partition(".")
+        if not nonce or not expiry.isdigit() or not hmac.compare_digest(self._mac(head), signature):
+            return TokenClaim(TokenCheck.UNKNOWN)
+        left_s = int(expiry) / 1000 - self.clock()
+        if left_s <= 0:
+            return TokenClaim(TokenCheck.EXPIRED)
+        return TokenClaim(TokenCheck.OK, nonce, left_s)
 
 
 def api_key_ok(given: str | None, keys: Sequence[str]) -> bool:
@@ -132,7 +145,7 @@ class RecordingSigner:
         self._secret = secret or secrets.token_bytes(32)
 
     def sign(self, session_id: str) -> str:
-        return hmac.new(self._secret, session_id.encode(), hashlib.sha256).hexdigest()[:32]
+        return mac(self._secret, session_id, 32)
 
     def verify(self, session_id: str, signature: str | None) -> bool:
         return bool(signature) and hmac.compare_digest(self.sign(session_id), signature or "")
@@ -160,21 +173,19 @@ class ResumeSigner:
         self._secret = secret or secrets.token_bytes(32)
         self._clock = clock
 
-    def _digest(self, message: str, length: int) -> str:
-        return hmac.new(self._secret, message.encode(), hashlib.sha256).hexdigest()[:length]
-
     def _who(self, identity: str | None) -> str:
-        return self._digest(f"identity:{identity or ''}", 12)
+        return mac(self._secret, f"identity:{identity or ''}", 12)
 
     def issue(self, session_id: str, identity: str | None, ttl_s: float) -> str:
         head = f"{session_id}.{int(self._clock() + ttl_s)}.{self._who(identity)}"
-        return f"{head}.{self._digest(head, 24)}"
+        return f"{head}.{mac(self._secret, head, 24)}"
 
     def check(self, token: str, identity: str | None) -> tuple[ResumeCheck, str]:
         """(verdict, session id): the signature first, so that a forged token says nothing about any session."""
-        head, _, mac = token.rpartition(".")
+        head, _, signature = token.rpartition(".")
         parts = head.split(".")
-        if len(parts) != 3 or not parts[1].isdigit() or not hmac.compare_digest(self._digest(head, 24), mac):
+        if len(parts) != 3 or not parts[1].isdigit() or not hmac.compare_digest(mac(self._secret, head, 24),
+                                                                                 signature):
             return ResumeCheck.MALFORMED, ""
         session_id, expiry, who = parts
         if not hmac.compare_digest(who, self._who(identity)):

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+from pydantic import BaseModel
 from starlette.types import Message
 
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES
@@ -68,6 +69,7 @@ NOT_THE_CLIENTS_FAULT = frozenset({"asr_failed", "tool_result_late", "app_spans_
 # OpenAI's own words: LiveKit's AgentSession cancels on every interruption, open response or not, and ignores this
 # error by its message (Pipecat by its code); in other words it is logged as the server's error.
 CANCEL_NOT_ACTIVE = "Cancellation failed: no active response found"
+SESSION_ID_PREFIX = "sess_"  # OpenAI's, before the session's own id (the one its logs and context store name)
 
 
 @dataclass
@@ -107,6 +109,13 @@ class _Config:
     temperature: float | None = None
 
 
+class _Saved(BaseModel):
+    """`RealtimeWire.saved()` as a resume state brings it back."""
+
+    temperature: float | None = None
+    tools: list[rt.FunctionTool] = []
+
+
 def is_silent(pcm: np.ndarray) -> bool:
     return float(np.sqrt(np.mean(np.square(pcm, dtype=np.float64)))) < SILENCE_RMS if pcm.size else True
 
@@ -114,6 +123,7 @@ def is_silent(pcm: np.ndarray) -> bool:
 class RealtimeWire:
     """Translates between Realtime events and the session; holds the response and item state the protocol needs."""
 
+    protocol = "realtime"
     reprefills = True
 
     def __init__(self, outbound: OutboundQueue, dialect: rt.Dialect, model: str, voices: list[str],
@@ -126,7 +136,7 @@ class RealtimeWire:
         self.voices = voices
         self.max_persona_chars = max_persona_chars
         self.tool_wait_frames = max(1, round(client_tool_deadline_s / FRAME_S))
-        self.session_id = rt.new_id("sess")
+        self.session_id = ""  # named at session.ready after the session's own id, which a resume keeps
         self._audio_part: Literal["output_audio", "audio"] = "output_audio" if dialect == "ga" else "audio"
         self._response: _Response | None = None  # None before the session is ready, after a cancel or a tool call
         self._tool_wait: _ToolWait | None = None
@@ -334,10 +344,21 @@ class RealtimeWire:
                           audio=rt.SessionAudio(output=rt.SessionAudioOutput(voice=config.voice)),
                           tools=config.tools, temperature=config.temperature)
 
+    def saved(self) -> dict[str, object]:
+        """The settings only `session.update` gave: instructions and voice are the session's persona and voice, and
+        the session object's id is the session's, all kept by the session."""
+        return {"temperature": self._config.temperature, "tools": [tool.model_dump() for tool in self._config.tools]}
+
+    def restore(self, saved: dict[str, object]) -> None:
+        kept = _Saved.model_validate(saved)
+        self._config.temperature, self._config.tools = kept.temperature, kept.tools
+
     def event(self, event: p.ServerEvent) -> None:
         if isinstance(event, p.SessionReady):
+            self.session_id = SESSION_ID_PREFIX + event.session_id
             self._config.instructions, self._config.voice = event.persona, event.voice
-            self._send(rt.SessionCreated(session=self._session_object()))
+            self._send(rt.SessionCreated(session=self._session_object(), contextspan=rt.SessionResume(
+                resume=event.resume, resumed_frames=event.resumed_frames)))
             self._send(rt.RateLimitsUpdated())
             self._ready = True
             self._open_response()

@@ -2,10 +2,14 @@
 
 A session saves its `ResumeState` every `resume_save_s` (and once more when a drain hands it over): the model's
 token history (frontend_model/engine/history.py, about 425 bytes a second) and what the server needs besides to go
-on, as plain data: the persona and voice it was opened with, its events choice, the backend's turns, the user's
-profile and notes, the latest injected spans' text. Any replica that reads it replays the history into a free slot.
+on, as plain data: the protocol it speaks, the persona and voice in effect, its events choice, the client tools it
+declared, the backend's turns, the user's profile and notes, the latest injected spans' text, and what its protocol
+keeps of its own (a Realtime session's id and settings). Any replica that reads it replays the history into a free slot.
 Each save renews the TTL, so a state outlives its session by `resume_ttl_s`; a session the client ended normally
 drops its state. A store that is unreachable makes saves and resumes fail, never the sessions.
+
+The same store keeps which single-use session tokens (auth.SessionTokens) were spent, so that with Redis a token
+opens one session across all the replicas, not one on each.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import struct
 import time
 from abc import ABC, abstractmethod
@@ -30,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 _HEAD = struct.Struct("<I")  # JSON header length; the history blob follows
 KEY_PREFIX = "contextspan:resume:"
+SPENT_PREFIX = "contextspan:spent:"
 T = TypeVar("T")
 SPANS_KEPT = 20  # the latest injected spans' text kept with the state (what the model was told)
 
@@ -55,6 +61,9 @@ class ResumeState:
     spans: list[str] = field(default_factory=list)
     stream_time: float = 0.0
     saved_at: float = field(default_factory=time.time)
+    protocol: str = "chat"  # the wire's (SessionWire.protocol): a session resumes on its own endpoint only
+    tools: list[dict[str, object]] = field(default_factory=list)  # the client tools declared (p.ClientTool)
+    wire: dict[str, object] = field(default_factory=dict)  # SessionWire.saved()
 
     def to_bytes(self) -> bytes:
         header = {k: v for k, v in asdict(self).items() if k != "history"}
@@ -90,6 +99,10 @@ class ResumeStore(ABC):
     async def drop(self, session_id: str) -> None: ...
 
     @abstractmethod
+    async def spend(self, key: str, ttl_s: float) -> bool:
+        """Marks `key` spent for `ttl_s`: True for the first caller only, among all that share the store."""
+
+    @abstractmethod
     async def ping(self) -> None:
         """Returns when the store answers."""
 
@@ -106,6 +119,7 @@ class MemoryResumeStore(ResumeStore):
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._states: dict[str, tuple[float, bytes]] = {}
+        self._spent: dict[str, float] = {}
 
     async def save(self, state: ResumeState, ttl_s: float) -> None:
         now = self._clock()
@@ -122,11 +136,21 @@ class MemoryResumeStore(ResumeStore):
     async def drop(self, session_id: str) -> None:
         self._states.pop(session_id, None)
 
+    async def spend(self, key: str, ttl_s: float) -> bool:
+        now = self._clock()
+        for stale in [k for k, expiry in self._spent.items() if expiry <= now]:
+            del self._spent[stale]
+        if key in self._spent:
+            return False
+        self._spent[key] = now + ttl_s
+        return True
+
     async def ping(self) -> None:
         return None
 
     async def aclose(self) -> None:
         self._states.clear()
+        self._spent.clear()
 
 
 class RedisResumeStore(ResumeStore):
@@ -153,6 +177,11 @@ class RedisResumeStore(ResumeStore):
 
     async def drop(self, session_id: str) -> None:
         await self._call(self._redis.delete(KEY_PREFIX + session_id))
+
+    async def spend(self, key: str, ttl_s: float) -> bool:
+        """`SET NX`: of two replicas spending the same token at once, Redis lets exactly one set it."""
+        first = await self._call(self._redis.set(SPENT_PREFIX + key, 1, nx=True, px=max(1, math.ceil(ttl_s * 1000))))
+        return bool(first)
 
     async def ping(self) -> None:
         await self._call(self._redis.ping())
@@ -185,11 +214,11 @@ class Resumes:
     _checking: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     @classmethod
-    def from_settings(cls, settings: ServerSettings) -> Resumes | None:
+    def from_settings(cls, settings: ServerSettings, secret: bytes) -> Resumes | None:
+        """`secret`: the deployment's shared secret (`resume_secret`), which signs session tokens too."""
         store = open_store(settings.resume_store)
         if store is None:
             return None
-        secret = settings.resume_secret.encode() if settings.resume_secret else None
         return cls(store, ResumeSigner(secret), settings.resume_ttl_s, settings.resume_save_s,
                    settings.max_session_s + settings.resume_ttl_s)
 

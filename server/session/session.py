@@ -223,7 +223,7 @@ class Session:
         try:
             if self.resumed is not None:
                 history = SessionHistory.from_bytes(self.resumed.history)
-                self._restore_backend(self.resumed)
+                self._restore(self.resumed)
             # Reading the profile, tokenising: off the event loop, and off the worker that steps the others.
             persona, voice, prefix = await asyncio.to_thread(self._prefix)
             preparing.stage, preparing.prefix_frames = "prefill", prefix.frames if prefix else 0
@@ -261,6 +261,8 @@ class Session:
             self.retrieval = self.backend.retrieval_for(
                 self.id, self.user_id, functools.partial(self.batcher.request_span, self.slot), self.emit,
                 lambda: self.assembler.stream_time, self._on_backend_error, self.trigger, self.model.span.contract)
+            if self.client_tools.declared:  # a resumed session's
+                self._rebuild_agent(self.backend)
         try:
             error = await self._stream(preparing.early)
             if error is not None:
@@ -352,7 +354,9 @@ class Session:
             self.id, self.user, self.options.persona, self.options.voice, self.options.events, history,
             turns=[(turn.role, turn.text) for turn in store.turns(self.id)] if store is not None else [],
             profile=store.get_profile(self.user).model_dump() if store is not None and self.user else None,
-            notes=self.options.notes, spans=list(self._spans_told), stream_time=self.assembler.stream_time)
+            notes=self.options.notes, spans=list(self._spans_told), stream_time=self.assembler.stream_time,
+            protocol=self.wire.protocol, tools=[tool.model_dump() for tool in self.client_tools.declared.values()],
+            wire=self.wire.saved())
         try:
             await resumes.store.save(state, resumes.ttl_s)
         except StoreUnavailable as exc:
@@ -361,11 +365,13 @@ class Session:
         resumes.answered(None)
         return True
 
-    def _restore_backend(self, state: ResumeState) -> None:
-        """The backend's plain data into this replica's context store, unless it already holds this session's turns
-        (a store both replicas share)."""
+    def _restore(self, state: ResumeState) -> None:
+        """The client tools and the protocol's own state back, and the backend's plain data into this replica's
+        context store, unless it already holds this session's turns (a store both replicas share)."""
         self.options.notes = state.notes
         self._spans_told.extend(state.spans)
+        self.client_tools.declare([p.ClientTool.model_validate(tool) for tool in state.tools])
+        self.wire.restore(state.wire)
         store = self.backend.store if self.backend is not None else None
         if store is None or store.turns(self.id, limit=1):
             return
@@ -652,8 +658,13 @@ class Session:
                 raise p.ProtocolError("bad_profile", str(exc)) from exc
         if update.notes:
             store.add_note(self.user_id, update.notes)
+        self._rebuild_agent(backend)
+
+    def _rebuild_agent(self, backend: Backend) -> None:
+        """The agent for the user's profile (its timezone) with the client tools declared."""
         if self.retrieval is not None:
-            self.retrieval.agent = backend.agent_for(store.get_profile(self.user_id), self.client_tools.catalogue())
+            self.retrieval.agent = backend.agent_for(backend.store.get_profile(self.user_id),
+                                                     self.client_tools.catalogue())
 
     def _emit_span(self, outcome: SpanOutcome) -> None:
         event = span_event(outcome, self.assembler.stream_time)

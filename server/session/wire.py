@@ -41,6 +41,7 @@ Inbound = AudioIn | ClearInput | CommitInput | p.SessionUpdate | p.SpanInject | 
 
 
 class SessionWire(Protocol):
+    protocol: str  # the endpoint's name in a resume state: a session resumes on its own endpoint only
     reprefills: bool  # whether persona and voice may change mid-session (prefilled again at a frame boundary)
 
     def handshake(self) -> bytes | None:
@@ -61,10 +62,17 @@ class SessionWire(Protocol):
     def event(self, event: p.ServerEvent) -> None:
         """A session event (already recorded) for the client, in the protocol's terms."""
 
+    def saved(self) -> dict[str, object]:
+        """What the protocol keeps of its own for a resume, as plain data."""
+
+    def restore(self, saved: dict[str, object]) -> None:
+        """A resumed session's `saved()`, before its `session.ready`."""
+
 
 class MoshiWire:
     """`/api/chat`: Kyutai's binary messages for audio and text; JSON events for clients that asked for them."""
 
+    protocol = "chat"
     reprefills = False
 
     def __init__(self, outbound: OutboundQueue, events: bool) -> None:
@@ -107,3 +115,9 @@ class MoshiWire:
     def event(self, event: p.ServerEvent) -> None:
         if self.events:
             self.outbound.put(Outgoing("text", p.encode_event(event)))
+
+    def saved(self) -> dict[str, object]:
+        return {}  # all of an /api/chat session is the session's own state
+
+    def restore(self, saved: dict[str, object]) -> None:
+        pass

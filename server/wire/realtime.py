@@ -462,9 +462,19 @@ class Response(BaseModel):
     metadata: dict[str, str] | None = Field(None, description="the `response.create` metadata it answers")
 
 
+class SessionResume(BaseModel):
+    """`session.created` `contextspan`: how to resume this session, as `/api/chat`'s `session.ready` says it."""
+
+    resume: str | None = Field(None, description="this session's resume token: `/v1/realtime?resume=<token>` on any "
+                               "replica continues it after a drain or a crash; none when resume is off")
+    resumed_frames: int | None = Field(None, description="set when this session was resumed: the stream positions "
+                                       "its history replayed")
+
+
 class SessionCreated(ServerEvent):
     type: Literal["session.created"] = "session.created"
     session: Session | BetaSession
+    contextspan: SessionResume = Field(default_factory=SessionResume)
 
 
 class SessionExtension(BaseModel):

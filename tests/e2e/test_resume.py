@@ -1,29 +1,37 @@
 """Sessions that outlive their replica, with real servers: two replicas (two `contextspan serve` processes sharing a
 real redis-server on loopback and the resume secret). A conversation on A (a typed question answered by the built-in
 router, so a span goes in and the backend stores turns), A drained or killed -9, the client resumes on B by itself:
-the same session id, its history replayed past the span, the transcript going on, the turns in B's context store.
-Then the refusals (bad, other user's, expired, unknown tokens) and Redis going down."""
+the same session id, its history replayed past the span, the transcript going on, the turns in B's context store;
+the same for a /v1/realtime session, with what its session.update set. Then the refusals (bad, other user's,
+expired, unknown tokens, on both endpoints), a session token that one replica issued and another spends once, and
+Redis going down."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import websockets
+from websockets.exceptions import InvalidStatus
 
 from backend_agent.context_store import ContextStore
 from benchmarks.harness import stream
 from contextspan_client import AudioChunk, SessionClosed, chat_url, connect
-from frontend_model.frame import SAMPLE_RATE
+from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from frontend_model.loading.loader import load_model
 from server.guard.auth import ResumeSigner
+from server.session.resume import RedisResumeStore, ResumeState
 from server.wire import protocol as p
+from server.wire import realtime as rt
 from tests.support.redis_server import RedisServer, redis_server
 
 from .servers import RunningServer, in_process_server, pinned_settings, start_server, stop_server
@@ -32,11 +40,12 @@ pytestmark = pytest.mark.slow
 SECRET = "replicas-share-this"
 USER = "ada"
 QUESTION = "What is twelve times twelve?"
+API_KEY = "operator-key-for-tests"
 
 
-def replica(tmp: Path, redis: RedisServer) -> RunningServer:
+def replica(tmp: Path, redis: RedisServer, *flags: str) -> RunningServer:
     return start_server(tmp, "--no-asr", "--max-sessions", "1", "--resume-store", redis.url, "--resume-secret",
-                        SECRET, "--context-store", str(tmp / "context.db"), "--shutdown-grace-s", "5")
+                        SECRET, "--context-store", str(tmp / "context.db"), "--shutdown-grace-s", "5", *flags)
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +127,9 @@ def test_a_replica_killed_9_loses_at_most_the_last_second(tmp_path: Path, redis:
     check_resumed(events, b)
 
 
-async def refused(b: RunningServer, token: str, user: str = USER) -> tuple[int | None, str]:
-    async with websockets.connect(f"{b.ws}/api/chat?events=1&user={user}&resume={token}") as ws:
+async def refused(b: RunningServer, token: str, user: str = USER, endpoint: str = "/api/chat?events=1&"
+                  ) -> tuple[int | None, str]:
+    async with websockets.connect(f"{b.ws}{endpoint}user={user}&resume={token}") as ws:
         with pytest.raises(websockets.ConnectionClosed):
             await asyncio.wait_for(ws.recv(), timeout=10)
     return ws.close_code, ws.close_reason or ""
@@ -138,6 +148,125 @@ def test_bad_other_users_expired_and_unknown_tokens_are_refused(b: RunningServer
         "unknown": p.CLOSE_RESUME_UNKNOWN}
     assert all(token not in reason and forged not in reason for _, reason in closes.values())
     assert token not in b.log.read_text(), "tokens are never logged"
+
+
+async def realtime_across(a: RunningServer, b: RunningServer) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A /v1/realtime session on A set up by session.update (instructions, a tool, a temperature) that asks a typed
+    question; A drains once the span is in and saved, and the session goes on on B with the token of close 4000.
+    Every event A sent, then every event B sent in the 2 s of audio after the resume."""
+    seen: list[dict[str, Any]] = []
+    frame = rt.encode_audio(np.zeros(FRAME_SAMPLES, np.float32))
+
+    async def listen(ws: websockets.ClientConnection, into: list[dict[str, Any]]) -> None:
+        with contextlib.suppress(websockets.ConnectionClosed):  # how it closed is checked below
+            async for text in ws:
+                into.append(json.loads(text))
+
+    async def talk(ws: websockets.ClientConnection, frames: int) -> None:
+        for _ in range(frames):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": frame}))
+            await asyncio.sleep(FRAME_SAMPLES / SAMPLE_RATE)
+
+    async with websockets.connect(f"{a.ws}/v1/realtime?user={USER}", max_size=None) as ws:
+        listener = asyncio.create_task(listen(ws, seen))
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "instructions": "You are a careful calculator.", "temperature": 0.6,
+            "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]}}))
+        talker = asyncio.create_task(talk(ws, 15 * 12))
+        await asyncio.sleep(1.0)
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}}))
+        deadline = time.monotonic() + 10
+        while not any(e["type"] == "contextspan.span.injected" for e in seen):
+            assert time.monotonic() < deadline and not listener.done(), [e["type"] for e in seen]
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.5)  # a save with the span in it
+        a.process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(listener, timeout=10)
+        talker.cancel()
+    assert (ws.close_code, json.loads(ws.close_reason or "{}").get("error")) == (
+        p.CLOSE_RESUME_ELSEWHERE, "resume_elsewhere")
+    token = json.loads(ws.close_reason or "{}")["message"]
+    after: list[dict[str, Any]] = []
+    async with websockets.connect(f"{b.ws}/v1/realtime?user={USER}&resume={token}", max_size=None) as ws:
+        listener = asyncio.create_task(listen(ws, after))
+        await talk(ws, 25)
+        await ws.close()
+        await listener
+    return seen, after
+
+
+def test_a_realtime_session_drained_on_one_replica_goes_on_on_another(tmp_path: Path, redis: RedisServer,
+                                                                     b: RunningServer) -> None:
+    a = replica(tmp_path, redis)
+    try:
+        seen, after = asyncio.run(realtime_across(a, b))
+        a.process.wait(timeout=30)
+    finally:
+        stop_server(a)
+    first = next(e for e in seen if e["type"] == "session.created")
+    updated = [e for e in seen if e["type"] == "session.updated"][-1]["session"]
+    second = next(e for e in after if e["type"] == "session.created")
+    assert second["session"]["id"] == first["session"]["id"] and first["contextspan"]["resume"]
+    assert second["session"]["instructions"] == updated["instructions"] == "You are a careful calculator."
+    assert second["session"]["temperature"] == 0.6 and [t["name"] for t in second["session"]["tools"]] == [
+        "get_weather"], "what session.update set, kept"
+    span = next(e for e in seen if e["type"] == "contextspan.span.injected")
+    assert second["contextspan"]["resumed_frames"] >= span["offset_after"], "the history is replayed past the span"
+    assert sum(e["type"] == "response.output_audio.delta" for e in after) >= 20, "the agent goes on on B"
+    store = ContextStore(b.recordings.parent / "context.db")
+    try:
+        turns = store.turns(first["session"]["id"].removeprefix("sess_"))
+        assert ("user", QUESTION) in [(t.role, t.text) for t in turns], \
+            "the turns are in B's context store"
+    finally:
+        store.close()
+
+
+def test_a_session_token_from_one_replica_opens_one_session_on_any(tmp_path_factory: pytest.TempPathFactory,
+                                                                   redis: RedisServer) -> None:
+    """As behind a load balancer: the backend's POST /api/token lands on A, the page's WebSocket on C."""
+    a, c = (replica(tmp_path_factory.mktemp(name), redis, "--api-keys", API_KEY) for name in ("a", "c"))
+    try:
+        response = httpx.post(f"{a.http}/api/token", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
+        token = response.json()["token"]
+
+        async def spend(server: RunningServer) -> bytes | tuple[int, str]:
+            try:
+                async with websockets.connect(chat_url(server.ws), additional_headers={
+                        "Authorization": f"Bearer {token}"}, open_timeout=10) as ws:
+                    return await asyncio.wait_for(ws.recv(), timeout=30)
+            except InvalidStatus as refusal:
+                return refusal.response.status_code, json.loads(refusal.response.body or b"{}")["error"]
+
+        assert asyncio.run(spend(c)) == p.handshake(), "a session on C"
+        assert asyncio.run(spend(a)) == (401, "token_unknown"), "the same token again, on A"
+    finally:
+        stop_server(a)
+        stop_server(c)
+    assert token not in a.log.read_text() + c.log.read_text(), "tokens are never logged"
+
+
+def test_realtime_resumes_are_refused_as_chat_ones_and_a_chat_session_is_not_resumed_as_realtime(
+        redis: RedisServer, b: RunningServer) -> None:
+    signer = ResumeSigner(SECRET.encode())
+    chat = "20261204T000000Z-0c4a7000"
+    store = RedisResumeStore(redis.url)
+
+    async def keep() -> None:
+        try:
+            await store.save(ResumeState(chat, USER, None, None, True, b"", protocol="chat"), ttl_s=60)
+        finally:
+            await store.aclose()
+
+    asyncio.run(keep())
+    forged = ResumeSigner(b"not-the-secret").issue(chat, USER, 600)
+    cases = {"bad": (forged, USER), "other": (signer.issue(chat, USER, 600), "mallory"),
+             "chat": (signer.issue(chat, USER, 600), USER)}
+    closes = {name: asyncio.run(refused(b, token, user, "/v1/realtime?")) for name, (token, user) in cases.items()}
+    assert {name: code for name, (code, _) in closes.items()} == {
+        "bad": p.CLOSE_RESUME_BAD_TOKEN, "other": p.CLOSE_RESUME_OTHER_USER, "chat": p.CLOSE_RESUME_UNKNOWN}
+    assert "other endpoint" in closes["chat"][1]
 
 
 def test_with_redis_down_sessions_go_on_and_resume_is_unavailable(redis: RedisServer, b: RunningServer) -> None:

@@ -15,27 +15,29 @@ class FakeClock:
         return self.now
 
 
-def test_token_opens_once_and_only_within_its_lifetime() -> None:
+def test_a_session_token_is_checked_by_any_replica_with_the_secret_until_it_expires() -> None:
     clock = FakeClock()
-    issuer = auth.TokenIssuer(ttl_s=60, clock=clock)
-    first, second = issuer.issue(), issuer.issue()
+    tokens = auth.SessionTokens(b"shared", ttl_s=60, clock=clock)
+    first, second = tokens.issue(), tokens.issue()
     assert first != second and len(first) >= 32
-    assert issuer.redeem(first) is auth.TokenCheck.OK
-    assert issuer.redeem(first) is auth.TokenCheck.UNKNOWN, "a spent token is gone"
+    claim = auth.SessionTokens(b"shared", ttl_s=5, clock=clock).check(first)
+    assert claim.check is auth.TokenCheck.OK, "another replica, same secret"
+    assert claim.key and claim.key not in second and claim.left_s == pytest.approx(60, abs=0.01)
     clock.now += 60
-    assert issuer.redeem(second) is auth.TokenCheck.EXPIRED
-    assert issuer.redeem("never-issued") is auth.TokenCheck.UNKNOWN
-    assert issuer.redeem(None) is auth.TokenCheck.MISSING and issuer.redeem("") is auth.TokenCheck.MISSING
+    assert tokens.check(second) == auth.TokenClaim(auth.TokenCheck.EXPIRED)
 
 
-def test_expired_tokens_are_pruned() -> None:
+def test_a_forged_or_tampered_session_token_is_unknown() -> None:
     clock = FakeClock()
-    issuer = auth.TokenIssuer(ttl_s=1, clock=clock)
-    for _ in range(100):
-        issuer.issue()
-    clock.now += 2
-    issuer.issue()
-    assert len(issuer) == 1
+    tokens = auth.SessionTokens(b"shared", ttl_s=60, clock=clock)
+    token = tokens.issue()
+    nonce, expiry, signature = token.split(".")
+    later = f"{nonce}.{int(expiry) + 3_600_000}.{signature}"
+    other = auth.SessionTokens(b"not-the-secret", ttl_s=60, clock=clock).issue()
+    resume = auth.ResumeSigner(b"shared", clock).issue("s1", None, 60)
+    for bad in (later, other, resume, f"x{token}", "never-issued", "a.1.b", token + "0"):
+        assert tokens.check(bad) == auth.TokenClaim(auth.TokenCheck.UNKNOWN), bad
+    assert tokens.check(None).check is auth.TokenCheck.MISSING and tokens.check("").check is auth.TokenCheck.MISSING
 
 
 def test_api_keys() -> None:

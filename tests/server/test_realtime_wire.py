@@ -250,6 +250,29 @@ def test_session_update_maps_instructions_voice_tools_and_temperature_and_report
     assert updated["session"]["instructions"] == "Be brief." and updated["session"]["tools"][0]["name"] == "get_weather"
 
 
+@pytest.mark.parametrize("dialect", ["ga", "beta"])
+def test_a_resumed_wire_is_the_same_session_with_its_tools_and_temperature_and_says_how_to_resume(
+        dialect: rt.Dialect) -> None:
+    first, _ = wire(dialect)
+    first.inbound(message({"type": "session.update", "session": {"temperature": 0.6, "tools": [
+        {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]}}))
+    again, queue = wire(dialect)
+    again.restore(json.loads(json.dumps(first.saved())))  # as plain data, through the resume store
+    again.event(READY.model_copy(update={"resume": "token-2", "resumed_frames": 40}))
+    created = sent(queue)[0]
+    assert created["type"] == "session.created" and as_sdk_event(created, dialect) is not None
+    assert created["session"]["id"] == "sess_" + READY.session_id, "the session's own id, which a resume keeps"
+    assert created["session"]["instructions"] == READY.persona, "the resumed session's persona"
+    assert created["session"]["temperature"] == 0.6 and created["session"]["tools"][0]["name"] == "get_weather"
+    assert created["contextspan"] == {"resume": "token-2", "resumed_frames": 40}
+
+
+def test_a_session_without_resume_says_so_in_session_created() -> None:
+    w, queue = wire()
+    w.event(READY)
+    assert sent(queue)[0]["contextspan"] == {"resume": None, "resumed_frames": None}
+
+
 def test_unchanged_instructions_and_voice_change_nothing_and_a_change_is_prefilled() -> None:
     w, _ = ready()
     (same,) = w.inbound(message({"type": "session.update", "session": {

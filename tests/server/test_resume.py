@@ -58,7 +58,9 @@ def test_a_token_resumes_its_session_for_its_user_only_until_it_expires() -> Non
 def state(session_id: str = "s1", history: bytes = b"CSHI\x01history") -> ResumeState:
     return ResumeState(session_id, "ada", "You are Ada.", None, True, history, turns=[("user", "hi"),
                        ("agent", "hello")], profile={"user_id": "ada", "name": "Ada"}, notes="likes tea",
-                       spans=["(tool result) It is noon."], stream_time=3.2, saved_at=1.5)
+                       spans=["(tool result) It is noon."], stream_time=3.2, saved_at=1.5, protocol="realtime",
+                       tools=[{"name": "get_weather", "description": "", "parameters": {"type": "object"}}],
+                       wire={"temperature": 0.6, "tools": []})
 
 
 def test_a_state_goes_through_bytes() -> None:
@@ -99,7 +101,7 @@ async def test_the_redis_store_shares_states_with_a_ttl(redis: RedisServer) -> N
 
 
 async def test_a_redis_that_is_down_is_unavailable_not_a_crash(redis: RedisServer) -> None:
-    resumes = Resumes.from_settings(ServerSettings(resume_store=redis.url))
+    resumes = Resumes.from_settings(ServerSettings(resume_store=redis.url), b"secret")
     assert resumes is not None and resumes.shared
     try:
         await resumes.check()
@@ -107,10 +109,36 @@ async def test_a_redis_that_is_down_is_unavailable_not_a_crash(redis: RedisServe
         redis.stop()
         with pytest.raises(StoreUnavailable):
             await resumes.store.save(state(), ttl_s=10)
+        with pytest.raises(StoreUnavailable):
+            await resumes.store.spend("nonce", ttl_s=10)
         await resumes.check()
         assert resumes.status()["available"] is False and "redis" in str(resumes.status()["error"])
     finally:
         await resumes.store.aclose()
+
+
+async def test_the_memory_store_lets_a_token_be_spent_once_until_it_would_have_expired() -> None:
+    clock = Clock()
+    store = MemoryResumeStore(clock)
+    assert await store.spend("nonce", ttl_s=10) is True
+    assert await store.spend("nonce", ttl_s=10) is False, "spent twice"
+    assert await store.spend("other", ttl_s=10) is True
+    clock.now += 10
+    assert await store.spend("nonce", ttl_s=10) is True, "the mark lasts as long as the token could"
+
+
+async def test_a_token_spent_through_redis_is_spent_on_every_replica_sharing_it(redis: RedisServer) -> None:
+    a, b = RedisResumeStore(redis.url), RedisResumeStore(redis.url)  # two replicas
+    try:
+        assert sorted(await asyncio.gather(a.spend("nonce", 10), b.spend("nonce", 10))) == [False, True], \
+            "of two replicas spending it at once, one wins"
+        assert await a.spend("nonce", 10) is False
+        assert await b.spend("short", 0.2) is True
+        await asyncio.sleep(0.3)
+        assert await a.spend("short", 10) is True, "the mark expires with the token"
+    finally:
+        await a.aclose()
+        await b.aclose()
 
 
 def test_the_setting_names_the_store() -> None:
@@ -119,7 +147,7 @@ def test_the_setting_names_the_store() -> None:
     assert isinstance(open_store("redis://127.0.0.1:1/0"), RedisResumeStore)
     with pytest.raises(ValueError, match="resume_store"):
         open_store("postgres://user:secret@db")
-    resumes = Resumes.from_settings(ServerSettings())
+    resumes = Resumes.from_settings(ServerSettings(), b"secret")
     assert resumes is not None and not resumes.shared, "memory by default: one process"
 
 
