@@ -1,14 +1,19 @@
-"""500 connect / disconnect cycles, cut at random points (half without a close handshake), spans requested all
+"""300 connect / disconnect cycles, cut at random points (half without a close handshake), spans requested all
 along so that some sessions leave mid-injection: memory stays flat.
 
 In process (server and clients together: an upper bound on the server's growth), with speech recognition (Whisper
 in its own process, outside the RSS measured) and recordings on, as served; the spans are requested the way
 retrieval hands in an answer, `Session.request_span` on the server's loop.
+
+RSS is read after a warm-up and after each half of the cycles, and only the second half's growth is bounded (100 kB
+a cycle): a leak grows with every session, while the allocator settles early. Measured on a 2-core host: 1 to 4 MB a
+half as served; a 200 kB-a-session leak put into `Session` grows it 31 MB (bound 14.6 MB).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import re
 import time
@@ -29,10 +34,10 @@ from server.wire import protocol as p
 from .servers import InProcessServer, app_answer, in_process_server, pinned_settings
 
 pytestmark = pytest.mark.slow
-CYCLES = 500
+CYCLES = 300
 WARM_UP_CYCLES = 30
 CLIENTS = 3
-MAX_GROWTH_BYTES = 50 * 2**20
+MAX_GROWTH_PER_CYCLE_BYTES = 100 * 2**10
 SPAN_TEXT = "The museum opens at nine in the morning and closes at six in the evening, every day but Tuesday."
 
 
@@ -46,7 +51,7 @@ async def connect_when_free(server: InProcessServer) -> websockets.ClientConnect
         except websockets.ConnectionClosed:
             if ws.close_code != p.CLOSE_TRY_AGAIN:
                 raise
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.02)
 
 
 async def cycle(server: InProcessServer, pcm: np.ndarray, rng: random.Random) -> list[str]:
@@ -91,18 +96,22 @@ async def cycle(server: InProcessServer, pcm: np.ndarray, rng: random.Random) ->
     return seen
 
 
-@pytest.mark.timeout(1800)  # 500 cycles: a hang guard sized for a loaded 2-core host (about 8 min alone there)
+@pytest.mark.timeout(900)  # a hang guard sized for a loaded 2-core host (about 1 min alone there)
 def test_connect_disconnect_cycles_do_not_grow_memory(tmp_path: Path, speech: np.ndarray) -> None:
     settings = pinned_settings(max_sessions=CLIENTS, recordings_dir=tmp_path / "recordings")
     rng = random.Random(7)
     with in_process_server(settings, load_model("tiny")) as server:
+        batcher = server.state.batcher
+        assert batcher is not None
         asked: set[str] = set()
 
         def request_spans() -> None:
-            """One answer per session once it has stepped a frame, as retrieval hands one in after a `<ret>`."""
-            batcher = server.state.batcher
+            """One answer per session once it has stepped a frame, as retrieval hands one in after a `<ret>`: only
+            once it streams (its retrieval attached), as a reused slot's step count is the last session's until the
+            prefill resets it, and a span asked for before that is ignored (a patient cycle would wait out its 60 s)."""
             for session in list(server.state.sessions.values()):
-                if session.id not in asked and batcher is not None and batcher.model.frames_stepped[session.slot]:
+                streaming = session.retrieval is not None
+                if session.id not in asked and streaming and batcher.model.frames_stepped[session.slot]:
                     asked.add(session.id)
                     session.request_span(app_answer(SPAN_TEXT, "churn"))
 
@@ -120,21 +129,25 @@ def test_connect_disconnect_cycles_do_not_grow_memory(tmp_path: Path, speech: np
             shares = await asyncio.gather(*(client(cycles // CLIENTS + (i < cycles % CLIENTS))
                                             for i in range(CLIENTS)))
             requester.cancel()
-            await asyncio.sleep(1.0)  # teardowns finish on the worker
+            while server.state.sessions or batcher.free < CLIENTS:  # the last teardowns, on the server's loop
+                await asyncio.sleep(0.01)
             return [seen for share in shares for seen in share]
 
         process = psutil.Process()
         asyncio.run(clients(WARM_UP_CYCLES))
-        before = process.memory_info().rss
-        seen = asyncio.run(clients(CYCLES))
-        after = process.memory_info().rss
-        assert not server.state.sessions and server.state.batcher is not None and server.state.batcher.free == CLIENTS
+        rss = [process.memory_info().rss]
+        seen: list[list[str]] = []
+        for _ in range(2):
+            seen += asyncio.run(clients(CYCLES // 2))
+            rss.append(process.memory_info().rss)
+        assert not server.state.sessions and batcher.free == CLIENTS
         backend = server.state.backend
         assert backend is not None and backend.asr_process is not None, backend and backend.asr_error
         metrics = server.state.metrics.render().decode()
-    print(f"RSS grew {(after - before) / 2**20:.1f} MB over {CYCLES} cycles; span outcomes:",
-          Counter(e for s in seen for e in s if e.startswith("span.")))
-    assert after - before <= MAX_GROWTH_BYTES, f"RSS grew {(after - before) / 2**20:.1f} MB over {CYCLES} cycles"
+    first, second = ((b - a) / 2**20 for a, b in itertools.pairwise(rss))
+    growth = f"RSS grew {first:.1f} MB over the first {CYCLES // 2} cycles, {second:.1f} MB over the second"
+    print(f"{growth}; span outcomes:", Counter(e for s in seen for e in s if e.startswith("span.")))
+    assert rss[2] - rss[1] <= MAX_GROWTH_PER_CYCLE_BYTES * (CYCLES // 2), growth
     assert sum("session.ready" in s for s in seen) >= CYCLES // 4, "the sessions were served, not refused"
     assert len(list((tmp_path / "recordings").glob("*.wav"))) == CYCLES + WARM_UP_CYCLES
     spans = {result: float(count) for result, count in
