@@ -7,7 +7,9 @@ span deadline and question wait. Two sets of spoken questions stream in over the
 - the test set (`benchmarks/harness/testset.py`, scored by `benchmarks/behaviour_testset.py`): frozen, never used to
   choose a recipe; conversations of several questions with follow-ups, phrasings and voices training never used;
 - the development set: the recipes' held-out questions (sentences and a voice training never used), one a session;
-  recipes were chosen while looking at it, so it flatters.
+  recipes were chosen while looking at it, so it flatters;
+- a long call (`--set long`, `benchmarks/behaviour_long.py`): the development set's questions every few seconds in
+  one session of minutes, past many windows of the model's context, and the server's RSS across it.
 
 Per question: did the model emit `<ret>` itself, which span went in, and how many of the span's words the agent's text
 then said in order; times from the end of the question to `<ret>`, to the span injected, to the first answer word
@@ -307,6 +309,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.behaviour_long import long_table, run_long
     from benchmarks.behaviour_testset import TURN_GAP_S, run_testset, testset_table, whisper_wer
     from benchmarks.harness.testset import load_testset
     from frontend_model.training.released import tiny_contextspan_checkpoint
@@ -315,28 +318,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="contextspan bench behaviour", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=Path, default=None, help="default: the trained tiny model (cache)")
-    parser.add_argument("--set", nargs="+", choices=["test", "development"], default=["test", "development"],
-                        help="the frozen test set (conversations, unseen voices) and/or the development set (the "
-                        "recipes' held-out questions, one a session)")
+    parser.add_argument("--set", nargs="+", choices=["test", "development", "long"], default=["test", "development"],
+                        help="the frozen test set (conversations, unseen voices), the development set (the recipes' "
+                        "held-out questions, one a session), a long call (those questions throughout one session)")
+    parser.add_argument("--long-s", type=float, default=600.0, help="long call: its length")
+    parser.add_argument("--every-s", type=float, default=10.0, help="long call: a question this often")
     parser.add_argument("--questions", type=int, default=20, help="development set: how many")
     parser.add_argument("--silence-s", type=float, default=60.0, help="development set: silence for false <ret>")
     parser.add_argument("--prefill", nargs="+", default=["one-pass", "chunked"])
     parser.add_argument("--batch", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--span-deadline-s", type=float, default=None,
-                        help="test set: over the server's default (to see the model apart from a slow host's Whisper; "
-                        "the issue's numbers take the default)")
-    parser.add_argument("--question-wait-s", type=float, default=None, help="test set: over the server's default")
+                        help="test set and long call: over the server's default (to see the model apart from a slow "
+                        "host's Whisper; the issue's numbers take the default)")
+    parser.add_argument("--question-wait-s", type=float, default=None,
+                        help="test set and long call: over the server's default")
     parser.add_argument("--turn-gap-s", type=float, default=TURN_GAP_S, help="test set: silence after each question")
     parser.add_argument("--json", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     checkpoint = args.checkpoint or tiny_contextspan_checkpoint(TrainConfig())
     started = time.monotonic()
     report: dict[str, Any] = {"machine": machine_info("cpu"), "checkpoint": str(checkpoint), "frame_s": FRAME_S}
+    serve_with = [f"--{name.replace('_', '-')}={value}" for name, value in
+                  (("span_deadline_s", args.span_deadline_s), ("question_wait_s", args.question_wait_s))
+                  if value is not None]
     if "test" in args.set:
         testset = load_testset()
-        serve_with = [f"--{name.replace('_', '-')}={value}" for name, value in
-                      (("span_deadline_s", args.span_deadline_s), ("question_wait_s", args.question_wait_s))
-                      if value is not None]
         report["test_whisper"] = whisper_wer(testset)
         print(f"test set: Whisper tiny.en word error {report['test_whisper']['wer']}", flush=True)
         rows = []
@@ -358,6 +364,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
         print("development set\n" + table(rows))
         report["development"] = rows
+    if "long" in args.set:
+        row = run_long(checkpoint, args.long_s, args.every_s, held_out_questions(args.questions), held_out_voice(),
+                       serve_with)
+        print("long call (development-set questions)\n" + long_table([row]))
+        report["long"] = row
     report["seconds"] = round(time.monotonic() - started)
     save_json(args.json, report)
     return 0

@@ -97,6 +97,7 @@ def roll_window(engine: Engine, row: int, prefix_frames: int, keep: int) -> None
     _turn_token_ring(engine, row, offset, new_offset)
 
 
+@torch.no_grad()  # served weights require grad: a graph here would chain every roll to the cache
 def refill_window(engine: Engine, row: int, prefix_frames: int, columns: torch.Tensor) -> None:
     """The exact window: row `row`'s prefix kept as prefilled, then `columns` ([rows, keep], the stream columns of
     its `keep` most recent frames, as the transformer read them) fed again right after it in one forward, so every

@@ -4,8 +4,8 @@ no forcing hook, the real Whisper and the built-in router. Questions and voice a
 
 The model must emit `<ret>` itself after a spoken question, the question is transcribed, the router answers, the span
 goes in, and the agent's text after it carries the span's words in order; and it must not ask in silence. The same
-holds as row 2 of a batch next to a busy session, after the KV ring has wrapped, with the chunked prefill, and for a
-span an app pushes.
+holds as row 2 of a batch next to a busy session, after the KV ring has wrapped, with the chunked prefill, for a
+span an app pushes, and late in a two-minute call (fifteen windows of the model's context) as early in it.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from benchmarks.behaviour import (
     stream_when_free,
     words,
 )
+from benchmarks.behaviour_long import EDGE_S, TAIL_S, call_audio, long_call, rolls, said_the_answer
 from benchmarks.harness import StreamResult
 from contextspan_client import chat_url
 from frontend_model.frame import SAMPLE_RATE
-from frontend_model.span.contract import CONTRACTS
 from frontend_model.training.released import tiny_contextspan_checkpoint
 from frontend_model.training.speech import speak
 from frontend_model.training.trainer import TrainConfig
@@ -87,8 +87,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, trained: Path) -> Iterator[
 
 
 def used_the_span(turn: Turn) -> bool:
-    return bool(turn.asked and turn.ret_ms is not None and turn.ret_ms < 2000 and turn.heard and turn.span
-                and turn.span != CONTRACTS["contextspan"].abstain_text and turn.recall >= SAID_RECALL)
+    return said_the_answer(turn) and turn.ret_ms is not None and turn.ret_ms < 2000 and bool(turn.heard)
 
 
 def first_answered(questions: list[str], ask_one: Callable[[str], Turn]) -> Turn:
@@ -190,3 +189,20 @@ def test_with_the_chunked_prefill_the_model_asks_and_answers(tmp_path: Path, tra
         first_answered(questions_for(questions, 3), alone(running.ws))
     finally:
         stop_server(running)
+
+
+CALL_S = 120.0
+MAX_RSS_GROWTH = 20 * 2**20
+
+
+def test_in_a_two_minute_call_questions_in_its_last_windows_are_answered_as_in_its_first(
+        server: RunningServer, questions: list[str]) -> None:
+    """Fifteen windows of the 96-frame context, a question every 7 s: the window keeps the 38-frame persona prefix
+    (`--window auto` -> keep-prefix), so the model late in the call reads what it read at its start (issue 37)."""
+    pcm, placed = call_audio(questions, held_out_voice(), CALL_S, every_s=7.0)
+    rolled = rolls(server.http)
+    call = asyncio.run(long_call(server.ws, pcm, placed, server.rss_bytes))
+    assert rolls(server.http) - rolled >= 14
+    first, last = call.answered_between(0.0, EDGE_S), call.answered_between(CALL_S - TAIL_S - EDGE_S, CALL_S)
+    assert first[0] >= 1 and last[0] >= 1, (first, last, call.turns)
+    assert call.rss_growth(EDGE_S) <= MAX_RSS_GROWTH, call.rss
