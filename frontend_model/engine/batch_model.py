@@ -109,7 +109,8 @@ class BatchedModel:
         session's."""
         self.engine.reset_slot(slot, history.sampling)
         self.codec.reset_slot(slot)
-        self.frames_stepped[slot] = 1  # spans go in at once, as after a first step
+        # Spans go in at once, as after a first step; a session that never filled a column waits for its first.
+        self.frames_stepped[slot] = 1 if history.offset else 0
         start = time.perf_counter()
         replay(self.engine, history, slot, embeddings)
         return time.perf_counter() - start

@@ -3,7 +3,8 @@ real redis-server on loopback and the resume secret). A conversation on A (a typ
 router, so a span goes in and the backend stores turns), A drained or killed -9, the client resumes on B by itself:
 the same session id, its history replayed past the span, the transcript going on, the turns in B's context store;
 the same for a /v1/realtime session, with what its session.update set; a question whose answer the backend's LLM (a
-fake on loopback) still held when A drained, answered and injected on B, once. Then the refusals (bad, other user's,
+fake on loopback) still held when A drained, answered and injected on B, once (and, on one server, an answer saved
+while it waited for its frame, injected once after the resume). Then the refusals (bad, other user's,
 expired, unknown tokens, on both endpoints), a session token that one replica issued and another spends once, and
 Redis going down."""
 
@@ -21,6 +22,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import sphn
 import websockets
 from websockets.exceptions import InvalidStatus
 
@@ -32,6 +34,8 @@ from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from frontend_model.loading.loader import load_model
 from server.guard.auth import ResumeSigner
 from server.session.resume import RedisResumeStore, ResumeState
+from server.session.retrieval import SpanAnswer
+from server.session.session import Session
 from server.wire import protocol as p
 from server.wire import realtime as rt
 from tests.support.redis_server import RedisServer, redis_server
@@ -371,3 +375,49 @@ def test_the_default_memory_store_resumes_a_lost_connection_on_the_same_server(t
         first, second, closed = asyncio.run(run())
     assert second.session_id == first.session_id and second.resumed_frames is not None
     assert (closed.code, closed.error) == (p.CLOSE_RESUME_UNKNOWN, "resume_unknown")
+
+
+def test_an_answer_waiting_for_its_frame_when_the_connection_drops_goes_in_once_after_the_resume(
+        tmp_path: Path) -> None:
+    """A session whose client stops sending audio steps no frame, so an answer handed to it then waits for its frame
+    boundary: a save holds it (Session.save), the connection drops, and the resumed session injects it at its first
+    frame."""
+    settings = pinned_settings(recordings_dir=tmp_path, max_sessions=1, asr=False)
+
+    async def hold_and_save(session: Session) -> ResumeState | None:
+        session.request_span(SpanAnswer("(tool result) It opens at nine.", "kb", "knowledge_base", "Is it open?",
+                                        time.perf_counter()))
+        assert session.resumes is not None and await session.save()
+        return await session.resumes.store.load(session.id)
+
+    with in_process_server(settings, load_model("tiny")) as server:
+        async def run() -> tuple[ResumeState | None, list[Any], list[Any]]:
+            async with websockets.connect(chat_url(server.ws, events=True, user=USER)) as ws:
+                first = next(p.decode_event(m) for m in [await ws.recv() for _ in range(2)] if isinstance(m, str))
+                (session,) = server.state.sessions.values()
+                writer = sphn.OpusStreamWriter(SAMPLE_RATE)
+                for _ in range(12):
+                    await ws.send(p.audio_message(writer.append_pcm(np.zeros(FRAME_SAMPLES, np.float32))))
+                deadline = time.monotonic() + 10
+                while server.state.batcher.model.frames_stepped[session.slot] < 5:  # type: ignore[union-attr]
+                    assert time.monotonic() < deadline, "the session stepped no frame"
+                    await asyncio.sleep(0.05)
+                saved = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(hold_and_save(session),
+                                                                                   server.loop))
+                ws.transport.abort()
+            assert isinstance(first, p.SessionReady) and first.resume
+            deadline = time.monotonic() + 10
+            while server.state.sessions:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            again = await stream(chat_url(server.ws, events=True, user=USER, resume=first.resume),
+                                 np.zeros(SAMPLE_RATE, np.float32))
+            return saved, again.of_type("span.injected"), again.of_type("span.dropped")
+
+        saved, injected, dropped = asyncio.run(run())
+    assert saved is not None
+    assert [(i.stage, i.question, i.text) for i in saved.in_flight] == [
+        ("answered", "Is it open?", "(tool result) It opens at nine.")]
+    assert [(e.question, e.text) for e in injected] == [("Is it open?", "(tool result) It opens at nine.")]
+    assert injected[0].step == 1, "at the resumed session's first frame boundary"
+    assert dropped == []
