@@ -159,7 +159,8 @@ def test_a_slot_steps_count_and_prefill_guard(model: LoadedModel) -> None:
 
 def test_a_resumed_slot_takes_spans_at_once_unless_its_session_never_filled_a_column(model: LoadedModel) -> None:
     """A span waiting when a session was saved goes in at the resumed slot's first frame boundary; a session saved
-    before its first step has nothing to inject after (the engine refuses it), so its span waits as it would have."""
+    before it filled a column has nothing to inject after (the engine refuses it): its span is dropped before the
+    first frame, as it would have been on the first replica, instead of failing the session."""
     together = BatchedModel(model, 2, GREEDY, max_span_frames=MAX_SPAN, record=True)
     together.start()
     try:
