@@ -109,7 +109,9 @@ class BatchedModel:
         session's."""
         self.engine.reset_slot(slot, history.sampling)
         self.codec.reset_slot(slot)
-        self.frames_stepped[slot] = 1  # spans go in at once, as after a first step
+        # Spans go in at once, as after a first step; after an empty replay the engine refuses them: they are dropped
+        # before the first frame, as they would have been on the first replica.
+        self.frames_stepped[slot] = 1 if history.offset else 0
         start = time.perf_counter()
         replay(self.engine, history, slot, embeddings)
         return time.perf_counter() - start

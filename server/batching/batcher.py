@@ -154,11 +154,16 @@ class Batcher:
         self._spans[slot] = _SlotSpans()
         return replay_s
 
-    async def history(self, slot: int) -> bytes:
-        """`slot`'s session history as bytes: read on the worker between ticks, packed off it (a long session's is a
-        few hundred kB, and the worker's time is every session's)."""
+    async def saved(self, slot: int) -> tuple[bytes, list[SpanAnswer]]:
+        """`slot`'s session history as bytes, and the answers not in it yet (waiting for a frame boundary, or taken
+        by a tick queued behind the read): a resume injects those, and only those. The history is read on the worker
+        between ticks and packed off it (a long session's is a few hundred kB, and the worker's time is every
+        session's); the answers are read as the read returns, before any later tick: ticks run on the worker in
+        order, and each hands its outcomes over (`_hand_over`) before the read's caller resumes."""
         history = await self.worker.run(lambda: self.model.history(slot))
-        return await asyncio.to_thread(history.to_bytes)
+        spans = self._spans.get(slot)
+        unplayed = [] if spans is None else [r.answer for r in (spans.in_tick, spans.waiting) if r is not None]
+        return await asyncio.to_thread(history.to_bytes), unplayed
 
     async def set_sampling(self, slot: int, sampling: RowSampling, restart: bool) -> None:
         """New sampling for `slot` from its next frame on, set on the worker between ticks."""
@@ -264,9 +269,11 @@ class Batcher:
         # Not on cancellation: `stop` answers what was in flight.
         self._in_flight = {}
         for slot, pending in taken.items():
-            if pending.future.done():  # released while the tick ran
-                continue
             result = results[slot]
+            if pending.future.done():  # released, or its session ending, while the tick ran
+                if result.output is not None:
+                    self._hand_over(slot, result.output)  # a span that went in is told so at `close_spans`
+                continue
             if result.error is not None:
                 pending.future.set_exception(result.error)
             else:

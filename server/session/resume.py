@@ -3,8 +3,9 @@
 A session saves its `ResumeState` every `resume_save_s` (and once more when a drain hands it over): the model's
 token history (frontend_model/engine/history.py, about 425 bytes a second) and what the server needs besides to go
 on, as plain data: the protocol it speaks, the persona and voice in effect, its events choice, the client tools it
-declared, the backend's turns, the user's profile and notes, the latest injected spans' text, and what its protocol
-keeps of its own (a Realtime session's id and settings). Any replica that reads it replays the history into a free slot.
+declared, the backend's turns, the user's profile and notes, the latest injected spans' text, the retrievals in flight
+(retrieval.InFlight: a question the backend had not answered, an answer not yet injected), and what its protocol keeps
+of its own (a Realtime session's id and settings). Any replica that reads it replays the history into a free slot.
 Each save renews the TTL, so a state outlives its session by `resume_ttl_s`; a session the client ended normally
 drops its state. A store that is unreachable makes saves and resumes fail, never the sessions.
 
@@ -29,6 +30,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from server.guard.auth import ResumeSigner
+from server.session.retrieval import InFlight
 from server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ class ResumeState:
     protocol: str = "chat"  # the wire's (SessionWire.protocol): a session resumes on its own endpoint only
     tools: list[dict[str, object]] = field(default_factory=list)  # the client tools declared (p.ClientTool)
     wire: dict[str, object] = field(default_factory=dict)  # SessionWire.saved()
+    in_flight: list[InFlight] = field(default_factory=list)  # what the history does not hold yet; older states: none
 
     def to_bytes(self) -> bytes:
         header = {k: v for k, v in asdict(self).items() if k != "history"}
@@ -79,6 +82,7 @@ class ResumeState:
         try:
             header = json.loads(blob[_HEAD.size : _HEAD.size + length])
             header["turns"] = [(str(role), str(text)) for role, text in header["turns"]]
+            header["in_flight"] = [InFlight(**item) for item in header.get("in_flight", [])]
             return cls(**header, history=blob[_HEAD.size + length :])
         except (TypeError, KeyError) as exc:
             raise ValueError(f"corrupt resume state: {exc}") from exc

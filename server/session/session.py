@@ -42,7 +42,7 @@ from server.session.backend import Backend
 from server.session.client_tools import ClientTools
 from server.session.persona import PersonaError, build_persona_block, persona_and_voice
 from server.session.resume import SPANS_KEPT, Resumes, ResumeState, StoreUnavailable
-from server.session.retrieval import Retrieval, SpanAnswer
+from server.session.retrieval import InFlight, Retrieval, SpanAnswer
 from server.session.spans import FrameOutput, SpanOutcome, span_event
 from server.session.trigger import Trigger
 from server.session.wire import AudioIn, ClearInput, CommitInput, Inbound, MoshiWire, SessionWire
@@ -154,6 +154,7 @@ class Session:
         self._spans_told: deque[str] = deque(maxlen=SPANS_KEPT)
         self.client_close_code: int | None = None  # the client's close code, once it has closed
         self.retrieval: Retrieval | None = None
+        self._unfinished: InFlight | None = None  # the retrieval going on when it closed: a hand-over saves it
         self.outbound = OutboundQueue(settings.send_queue_frames)
         self.wire = wire(self.outbound) if wire is not None else MoshiWire(self.outbound, options.events)
         # A resumed leg records under an id of its own: the first leg's files may be on this replica too.
@@ -263,6 +264,8 @@ class Session:
                 lambda: self.assembler.stream_time, self._on_backend_error, self.trigger, self.model.span.contract)
             if self.client_tools.declared:  # a resumed session's
                 self._rebuild_agent(self.backend)
+        if self.resumed is not None:
+            self._go_on(self.resumed.in_flight)
         try:
             error = await self._stream(preparing.early)
             if error is not None:
@@ -272,6 +275,7 @@ class Session:
             # Dropped once closed: the retrieval calls back into this session, a cycle only the collector would free.
             retrieval, self.retrieval = self.retrieval, None
             if retrieval is not None:
+                self._unfinished = retrieval.unfinished(time.perf_counter())
                 await retrieval.close()
 
     def _prefix(self) -> tuple[str, str | None, Prefix | None]:
@@ -348,7 +352,12 @@ class Session:
         resumes = self.resumes
         if resumes is None:
             return False
-        history = await self.batcher.history(self.slot)
+        history, unplayed = await self.batcher.saved(self.slot)
+        now = time.perf_counter()  # the answers and the retrieval as the history stands: nothing injected twice
+        in_flight = [InFlight.of_answer(answer, self.settings.span_deadline_s, now) for answer in unplayed]
+        unfinished = self.retrieval.unfinished(now) if self.retrieval is not None else self._unfinished
+        if unfinished is not None:
+            in_flight.append(unfinished)
         store = self.backend.store if self.backend is not None else None
         state = ResumeState(
             self.id, self.user, self.options.persona, self.options.voice, self.options.events, history,
@@ -356,7 +365,7 @@ class Session:
             profile=store.get_profile(self.user).model_dump() if store is not None and self.user else None,
             notes=self.options.notes, spans=list(self._spans_told), stream_time=self.assembler.stream_time,
             protocol=self.wire.protocol, tools=[tool.model_dump() for tool in self.client_tools.declared.values()],
-            wire=self.wire.saved())
+            wire=self.wire.saved(), in_flight=in_flight)
         try:
             await resumes.store.save(state, resumes.ttl_s)
         except StoreUnavailable as exc:
@@ -381,6 +390,23 @@ class Session:
             store.add_note(self.user_id, state.notes)
         for role, text in state.turns:
             store.add_turn(self.user_id, self.id, role, text)  # type: ignore[arg-type]
+
+    def _go_on(self, in_flight: list[InFlight]) -> None:
+        """What the resumed session had in flight, at the first frame boundary after the replay: an answer goes in
+        (the batcher holds it from now), a question goes to this replica's backend again (its turns are restored, so
+        follow-ups resolve); each with the deadline it had left."""
+        now = time.perf_counter()
+        for item in in_flight:
+            if item.stage == "answered":
+                self.request_span(item.answer(self.settings.span_deadline_s, now))
+            elif self.retrieval is not None:
+                self.retrieval.resume(item)
+            else:
+                self.emit(p.SpanDropped(t=self.assembler.stream_time, text="", question=item.question,
+                                        reason="retrieval is off on this server", latency_ms=0.0))
+        if in_flight:
+            logger.info("session %s: %s in flight, going on here", self.id,
+                        ", ".join(f"{item.trigger} {item.stage}" for item in in_flight))
 
     async def settle(self, code: int, reason: str) -> tuple[int, str]:
         """What becomes of the kept state as the session ends, before its slot is released; returns the close code
@@ -517,7 +543,7 @@ class Session:
         if now - self._last_app_span < FRAME_SAMPLES / SAMPLE_RATE:
             raise p.ProtocolError("span_rate_limited", "at most one span.inject a frame (80 ms)")
         self._last_app_span = now
-        self.request_span(SpanAnswer(message.text, message.source or "app", "app", None, now))
+        self.request_span(SpanAnswer(message.text, message.source or "app", "app", None, now, trigger="app"))
 
     async def _update(self, update: p.SessionUpdate) -> None:
         if update.persona is not None or update.voice is not None:

@@ -136,7 +136,7 @@ def recorded_spans(server: RunningServer) -> list[dict[str, Any]]:
 
 def app_answer(text: str, source: str = "test") -> SpanAnswer:
     """A span's text as an app hands it in (`span.inject`): no question, requested now."""
-    return SpanAnswer(text, source, "app", None, time.perf_counter())
+    return SpanAnswer(text, source, "app", None, time.perf_counter(), trigger="app")
 
 
 def espeak_wav(path: Path, text: str) -> Path:

@@ -2,7 +2,9 @@
 real redis-server on loopback and the resume secret). A conversation on A (a typed question answered by the built-in
 router, so a span goes in and the backend stores turns), A drained or killed -9, the client resumes on B by itself:
 the same session id, its history replayed past the span, the transcript going on, the turns in B's context store;
-the same for a /v1/realtime session, with what its session.update set. Then the refusals (bad, other user's,
+the same for a /v1/realtime session, with what its session.update set; a question whose answer the backend's LLM (a
+fake on loopback) still held when A drained, answered and injected on B, once (and, on one server, an answer saved
+while it waited for its frame, injected once after the resume). Then the refusals (bad, other user's,
 expired, unknown tokens, on both endpoints), a session token that one replica issued and another spends once, and
 Redis going down."""
 
@@ -13,23 +15,27 @@ import contextlib
 import json
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+import sphn
 import websockets
 from websockets.exceptions import InvalidStatus
 
 from backend_agent.context_store import ContextStore
+from benchmarks.fakes.fake_openai import Script, fake_openai
 from benchmarks.harness import stream
 from contextspan_client import AudioChunk, SessionClosed, chat_url, connect
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from frontend_model.loading.loader import load_model
 from server.guard.auth import ResumeSigner
 from server.session.resume import RedisResumeStore, ResumeState
+from server.session.retrieval import SpanAnswer
+from server.session.session import Session
 from server.wire import protocol as p
 from server.wire import realtime as rt
 from tests.support.redis_server import RedisServer, redis_server
@@ -61,10 +67,24 @@ def b(tmp_path_factory: pytest.TempPathFactory, redis: RedisServer) -> Iterator[
     stop_server(server)
 
 
-async def across(a: RunningServer, b: RunningServer, cut: Callable[[RunningServer], None]) -> list[tuple[int, object]]:
-    """A conversation opened on A with B as its failover; `cut` ends A once a span is in and saved. Every event
-    with how many times the client had resumed when it arrived."""
-    events: list[tuple[int, object]] = []
+Events = list[tuple[int, object]]  # every event, with how many times the client had resumed when it arrived
+
+
+async def span_saved(events: Events, receiver: asyncio.Task[None]) -> None:
+    """Until the typed question's span is in and a save holds it."""
+    deadline = time.monotonic() + 10
+    while not any(getattr(e, "type", "") == "span.injected" for _, e in events):
+        assert time.monotonic() < deadline and not receiver.done(), events
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.5)
+
+
+async def across(a: RunningServer, b: RunningServer, cut: Callable[[RunningServer], None],
+                 ready: Callable[[Events, asyncio.Task[None]], Awaitable[None]] = span_saved,
+                 question: str = QUESTION) -> Events:
+    """A conversation opened on A with B as its failover, asking a typed `question`; `cut` ends A once `ready`
+    returns."""
+    events: Events = []
     async with connect(a.http, failover=[b.http], user=USER) as conversation:
         sender = asyncio.create_task(conversation.stream_audio(np.zeros(7 * SAMPLE_RATE, np.float32)))
 
@@ -75,12 +95,8 @@ async def across(a: RunningServer, b: RunningServer, cut: Callable[[RunningServe
 
         receiver = asyncio.create_task(receive())
         await asyncio.sleep(1.0)
-        await conversation.send(p.UserText(type="user.text", text=QUESTION))
-        deadline = time.monotonic() + 10
-        while not any(getattr(e, "type", "") == "span.injected" for _, e in events):
-            assert time.monotonic() < deadline and not receiver.done(), events
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(1.5)  # a save with the span in it
+        await conversation.send(p.UserText(type="user.text", text=question))
+        await ready(events, receiver)
         cut(a)
         await sender
         await asyncio.sleep(1.0)
@@ -89,7 +105,7 @@ async def across(a: RunningServer, b: RunningServer, cut: Callable[[RunningServe
     return events
 
 
-def check_resumed(events: list[tuple[int, object]], b: RunningServer) -> None:
+def check_resumed(events: Events, b: RunningServer) -> None:
     ready = [(n, e) for n, e in events if isinstance(e, p.SessionReady)]
     assert [n for n, _ in ready] == [0, 1], "one session.ready on A, one on B"
     (_, first), (_, second) = ready
@@ -125,6 +141,45 @@ def test_a_replica_killed_9_loses_at_most_the_last_second(tmp_path: Path, redis:
     finally:
         stop_server(a)
     check_resumed(events, b)
+
+
+HELD = "Who founded the museum?"  # no built-in tool's intent: the LLM answers it
+ANSWER = "The museum was founded by Ada Lovelace."
+
+
+def held_by(script: Script) -> Callable[[Events, asyncio.Task[None]], Awaitable[None]]:
+    """Until the LLM holds A's question (it answers the next asker at once: B)."""
+    async def ready(events: Events, receiver: asyncio.Task[None]) -> None:
+        deadline = time.monotonic() + 10
+        while not script.requests:
+            assert time.monotonic() < deadline and not receiver.done(), events
+            await asyncio.sleep(0.01)
+        script.mode, script.content = "content", ANSWER
+
+    return ready
+
+
+def test_a_question_in_flight_when_its_replica_drains_is_answered_on_the_next_once(
+        tmp_path_factory: pytest.TempPathFactory, redis: RedisServer) -> None:
+    with fake_openai() as (url, script):
+        script.mode = "hang"
+        flags = ("--llm-base-url", url, "--llm-model", "fake", "--span-deadline-s", "10")
+        a, b = (replica(tmp_path_factory.mktemp(name), redis, *flags) for name in ("held-a", "held-b"))
+        try:
+            events = asyncio.run(across(a, b, lambda server: server.process.send_signal(signal.SIGTERM),
+                                        held_by(script), HELD))
+            a.process.wait(timeout=30)
+        finally:
+            stop_server(a)
+            stop_server(b)
+        asked = len(script.requests)
+    spans = [(n, e) for n, e in events if isinstance(e, p.SpanInjected | p.SpanDropped)]
+    assert [(n, type(e).__name__, e.question) for n, e in spans] == [(1, "SpanInjected", HELD)], \
+        "injected on B, once, for A's question"
+    assert "Lovelace" in spans[0][1].text, "B's answer"
+    assert [n for n, e in events if isinstance(e, p.Question)] == [0], "the question is told once, by A"
+    assert asked == 2, "A asked the LLM, then B asked it again"
+    assert "typed asked in flight, going on here" in b.log.read_text()
 
 
 async def refused(b: RunningServer, token: str, user: str = USER, endpoint: str = "/api/chat?events=1&"
@@ -320,3 +375,49 @@ def test_the_default_memory_store_resumes_a_lost_connection_on_the_same_server(t
         first, second, closed = asyncio.run(run())
     assert second.session_id == first.session_id and second.resumed_frames is not None
     assert (closed.code, closed.error) == (p.CLOSE_RESUME_UNKNOWN, "resume_unknown")
+
+
+def test_an_answer_waiting_for_its_frame_when_the_connection_drops_goes_in_once_after_the_resume(
+        tmp_path: Path) -> None:
+    """A session whose client stops sending audio steps no frame, so an answer handed to it then waits for its frame
+    boundary: a save holds it (Session.save), the connection drops, and the resumed session injects it at its first
+    frame."""
+    settings = pinned_settings(recordings_dir=tmp_path, max_sessions=1, asr=False)
+
+    async def hold_and_save(session: Session) -> ResumeState | None:
+        session.request_span(SpanAnswer("(tool result) It opens at nine.", "kb", "knowledge_base", "Is it open?",
+                                        time.perf_counter()))
+        assert session.resumes is not None and await session.save()
+        return await session.resumes.store.load(session.id)
+
+    with in_process_server(settings, load_model("tiny")) as server:
+        async def run() -> tuple[ResumeState | None, list[Any], list[Any]]:
+            async with websockets.connect(chat_url(server.ws, events=True, user=USER)) as ws:
+                first = next(p.decode_event(m) for m in [await ws.recv() for _ in range(2)] if isinstance(m, str))
+                (session,) = server.state.sessions.values()
+                writer = sphn.OpusStreamWriter(SAMPLE_RATE)
+                for _ in range(12):
+                    await ws.send(p.audio_message(writer.append_pcm(np.zeros(FRAME_SAMPLES, np.float32))))
+                deadline = time.monotonic() + 10
+                while server.state.batcher.model.frames_stepped[session.slot] < 5:  # type: ignore[union-attr]
+                    assert time.monotonic() < deadline, "the session stepped no frame"
+                    await asyncio.sleep(0.05)
+                saved = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(hold_and_save(session),
+                                                                                   server.loop))
+                ws.transport.abort()
+            assert isinstance(first, p.SessionReady) and first.resume
+            deadline = time.monotonic() + 10
+            while server.state.sessions:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            again = await stream(chat_url(server.ws, events=True, user=USER, resume=first.resume),
+                                 np.zeros(SAMPLE_RATE, np.float32))
+            return saved, again.of_type("span.injected"), again.of_type("span.dropped")
+
+        saved, injected, dropped = asyncio.run(run())
+    assert saved is not None
+    assert [(i.stage, i.question, i.text) for i in saved.in_flight] == [
+        ("answered", "Is it open?", "(tool result) It opens at nine.")]
+    assert [(e.question, e.text) for e in injected] == [("Is it open?", "(tool result) It opens at nine.")]
+    assert injected[0].step == 1, "at the resumed session's first frame boundary"
+    assert dropped == []

@@ -155,3 +155,21 @@ def test_a_slot_steps_count_and_prefill_guard(model: LoadedModel) -> None:
             together.engine.prefill_slot(0, probe)
     finally:
         together.close()
+
+
+def test_a_resumed_slot_takes_spans_at_once_unless_its_session_never_filled_a_column(model: LoadedModel) -> None:
+    """A span waiting when a session was saved goes in at the resumed slot's first frame boundary; a session saved
+    before it filled a column has nothing to inject after (the engine refuses it): its span is dropped before the
+    first frame, as it would have been on the first replica, instead of failing the session."""
+    together = BatchedModel(model, 2, GREEDY, max_span_frames=MAX_SPAN, record=True)
+    together.start()
+    try:
+        together.open_slot(0, None)
+        empty = together.history(0)
+        together.tick({0: np.zeros(FRAME_SAMPLES, np.float32)})
+        together.resume_slot(1, together.history(0))
+        assert together.frames_stepped[1] == 1
+        together.resume_slot(1, empty)
+        assert together.frames_stepped[1] == 0 and together.engine.slot_offset(1) == 0
+    finally:
+        together.close()

@@ -1,6 +1,7 @@
 """The batcher alone holds a slot's span from the answer to its outcome: a span that does not fit a tick waits in
-the batcher for a later one, a newer answer supersedes one still waiting, and a closing session hears of its last.
-Costs are injected, so the plans do not depend on how fast this host is."""
+the batcher for a later one, a newer answer supersedes one still waiting, a closing session hears of its last, and a
+save hands over the answers its history does not hold yet. Costs are injected, so the plans do not depend on how fast
+this host is."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ import torch
 
 from frontend_model.engine.batch_model import BatchedModel
 from frontend_model.engine.calibration import PrefillCost, TickCost
+from frontend_model.engine.history import SessionHistory
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import load_model
 from server.batching.batcher import Batcher
 from server.batching.tick_scheduler import MAX_DEFERS, Capacity
 from server.batching.worker import ModelWorker
 from server.ops.metrics import Metrics
-from server.session.retrieval import SpanAnswer
+from server.session.retrieval import InFlight, SpanAnswer
 from server.session.spans import FrameOutput, SpanOutcome
 from server.wire.frame_clock import InputFrame
 
@@ -31,7 +33,7 @@ BUDGET_S = 0.080
 @pytest.fixture(scope="module")
 def batched() -> Iterator[BatchedModel]:
     model = load_model("tiny", device="cpu", dtype=torch.float32)
-    batched = BatchedModel(model, 2, max_span_frames=64)
+    batched = BatchedModel(model, 2, max_span_frames=64, record=True)  # recording: a save reads the history
     batched.start()
     yield batched
     batched.close()
@@ -160,3 +162,31 @@ def test_outcomes_a_session_has_read_are_not_told_again_at_close(batched: Batche
         return len(output.spans), batcher.close_spans(0, "session closed")
 
     assert run(batcher_for(batched, span_s=0.002), body) == (1, [])
+
+
+def test_an_answer_waiting_at_a_save_goes_in_once_on_the_slot_that_resumes_it_and_one_already_in_is_not_handed_over(
+        batched: BatchedModel) -> None:
+    """Slot 0 saves while its answer waits (a span that never fits a tick waits MAX_DEFERS ticks): the answer is
+    handed over, not in the history; slot 1 resumes that history and injects the answer, once. Slot 0 then injects
+    its own and saves again: nothing is handed over, and its history holds the span."""
+    async def body(batcher: Batcher) -> tuple[list[SpanAnswer], list[SpanOutcome], list[SpanAnswer], int, int]:
+        await stepped(batcher, 0, 2)
+        batcher.request_span(0, answer("The meeting is at noon."))
+        history, unplayed = await batcher.saved(0)
+        now = time.perf_counter()
+        await batcher.resume(1, SessionHistory.from_bytes(history), None)
+        for waiting in unplayed:
+            batcher.request_span(1, InFlight.of_answer(waiting, 30.0, now).answer(30.0, time.perf_counter()))
+        resumed = [s for i in range(2, MAX_DEFERS + 4) for s in (await batcher.step(1, frame(i))).spans]
+        batcher.release(1)
+        await stepped(batcher, 2, MAX_DEFERS + 1)
+        after, unplayed_after = await batcher.saved(0)
+        return (unplayed, resumed, unplayed_after, SessionHistory.from_bytes(history).offset,
+                SessionHistory.from_bytes(after).offset)
+
+    unplayed, resumed, unplayed_after, before, after = run(batcher_for(batched, span_s=1.0), body)  # type: ignore[misc]
+    assert [a.text for a in unplayed] == ["The meeting is at noon."]
+    (span,) = resumed
+    assert (span.injected, span.text, span.request.answer.question) == (True, "The meeting is at noon.", "what is on?")
+    assert unplayed_after == [], "injected on slot 0 before its second save: not handed over again"
+    assert after == before + MAX_DEFERS + 1 + span.frames, "the second save's history holds the span"

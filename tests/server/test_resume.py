@@ -1,10 +1,12 @@
-"""The resume machinery without a server: tokens (signed, bound to a user, expiring), the state's bytes, both stores
-(a real redis-server on loopback for Redis, and Redis killed), and a history that went through Redis resuming a
-batch slot with the uninterrupted session's logits."""
+"""The resume machinery without a server: tokens (signed, bound to a user, expiring), the state's bytes (with the
+retrievals in flight, and as older servers wrote them), both stores (a real redis-server on loopback for Redis, and
+Redis killed), and a history that went through Redis resuming a batch slot with the uninterrupted session's logits."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import struct
 
 import pytest
 import torch
@@ -22,6 +24,7 @@ from server.session.resume import (
     StoreUnavailable,
     open_store,
 )
+from server.session.retrieval import InFlight
 from server.settings import ServerSettings
 from tests.support.engine import span_like_block, tiny_model, user_frames
 from tests.support.redis_server import RedisServer
@@ -66,10 +69,36 @@ def state(session_id: str = "s1", history: bytes = b"CSHI\x01history") -> Resume
 def test_a_state_goes_through_bytes() -> None:
     saved = state()
     assert ResumeState.from_bytes(saved.to_bytes()) == saved
+    assert ResumeState.from_bytes(saved.to_bytes()).in_flight == [], "nothing in flight"
     with pytest.raises(ValueError):
         ResumeState.from_bytes(b"\x05\x00")
     with pytest.raises(ValueError):
         ResumeState.from_bytes(b"\x02\x00\x00\x00{}")
+
+
+def test_a_state_with_retrievals_in_flight_goes_through_bytes_as_plain_data() -> None:
+    asked = InFlight("asked", "typed", "What is twelve times twelve?", 0.4, 2.1)
+    answered = InFlight("answered", "ret", "Is it open?", 0.9, 1.6, "(tool result) It opens at nine.", "kb",
+                        "knowledge_base", "tool", {"llm_ms": 310.0})
+    saved = ResumeState("s1", "ada", None, None, True, b"CSHI", in_flight=[answered, asked])
+    blob = saved.to_bytes()
+    (length,) = struct.unpack_from("<I", blob)
+    header = json.loads(blob[4:4 + length])
+    assert header["in_flight"][1] == {"stage": "asked", "trigger": "typed", "question": "What is twelve times twelve?",
+                                      "elapsed_s": 0.4, "deadline_left_s": 2.1, "text": None, "source": None,
+                                      "tool": None, "outcome": "tool", "timings_ms": {}}
+    assert ResumeState.from_bytes(blob) == saved
+
+
+def test_a_state_saved_before_retrievals_travelled_still_loads_with_nothing_in_flight() -> None:
+    saved = state()
+    blob = saved.to_bytes()
+    (length,) = struct.unpack_from("<I", blob)
+    header = json.loads(blob[4:4 + length])
+    del header["in_flight"]
+    old = json.dumps(header).encode()
+    loaded = ResumeState.from_bytes(struct.pack("<I", len(old)) + old + saved.history)
+    assert loaded == saved and loaded.in_flight == []
 
 
 async def test_the_memory_store_keeps_a_state_for_its_ttl() -> None:
