@@ -1,7 +1,7 @@
 """A resumed slot's decoder is warmed with the agent audio its history holds.
 
 The agent frames read back from a history are the codes the session's decoder decoded (a persona prefix and a span
-in them), and a slot resumed from it decodes the codes the uninterrupted session said next into its PCM (float32,
+in them; both families), and a slot resumed from it decodes the codes the uninterrupted session said next into its PCM (float32,
 within TOLERANCE), where a cold decoder does not; the other slots' codec states stay bit for bit. The same codes are
 given to both: after a resume the LM's own next codes differ, since the user's encoder starts cold
 (docs/operations.md).
@@ -22,9 +22,9 @@ from frontend_model.engine.codec import decoder_receptive_field
 from frontend_model.engine.engine import GREEDY
 from frontend_model.engine.history import SessionHistory, spoken_frames
 from frontend_model.frame import FRAME_SAMPLES
-from frontend_model.loading.loader import LoadedModel, load_model
+from frontend_model.loading.loader import LoadedModel
 from frontend_model.span.build import build_prefix
-from tests.support.engine import TEST_DEVICE, span_like_block, state_rows
+from tests.support.engine import FAMILIES, span_like_block, state_rows, tiny_model
 
 MAX_SPAN = 64
 AFTER = 6  # frames compared after the resume
@@ -32,9 +32,9 @@ TOLERANCE = 1e-5  # agent PCM in [-1, 1]; measured 1.2e-7 and 2.1e-7
 COLD_GAP = 1e-2  # how far a cold decoder is at least; measured 0.19
 
 
-@pytest.fixture(scope="module")
-def model() -> LoadedModel:
-    return load_model("tiny", device=TEST_DEVICE, dtype=torch.float32)
+@pytest.fixture(scope="module", params=FAMILIES, ids=lambda q: f"dep_q{q}")
+def model(request: pytest.FixtureRequest) -> LoadedModel:
+    return tiny_model(request.param)
 
 
 @dataclass(frozen=True)
