@@ -1,9 +1,9 @@
 """A resumed slot's decoder is warmed with the agent audio its history holds.
 
 The agent frames read back from a history are the codes the session's decoder decoded (a persona prefix and a span
-in them; both families), and a slot resumed from it decodes the codes the uninterrupted session said next into its PCM (float32,
-within TOLERANCE), where a cold decoder does not; the other slots' codec states stay bit for bit. The same codes are
-given to both: after a resume the LM's own next codes differ, since the user's encoder starts cold
+in them; both families), and a slot resumed from it decodes the codes the uninterrupted session said next into its
+PCM (float32, within TOLERANCE), where a cold decoder does not; the other slots' codec states stay bit for bit. The
+same codes are given to both: after a resume the LM's own next codes differ, since the user's encoder starts cold
 (docs/operations.md).
 """
 
