@@ -127,7 +127,7 @@ class BatchFrameCodec:
         if self.compact:
             self.mimi.set_exec_mask(one)
             with rows([self.mimi], slot, slot + 1):
-                for chunk in frames.split(WARM_CHUNK_FRAMES, dim=1):
+                for chunk in frames.split(WARM_CHUNK_FRAMES, dim=1) if frames.shape[1] else ():  # nothing said yet
                     self.mimi.decode(chunk[None])
             return
         codes = torch.zeros((self.slots, frames.shape[0]), dtype=torch.long, device=self.device)

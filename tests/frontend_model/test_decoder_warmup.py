@@ -137,3 +137,16 @@ def test_a_resumed_slot_decodes_what_the_uninterrupted_session_said_and_a_cold_d
 def test_the_decoder_s_receptive_field_is_read_from_its_config(model: LoadedModel) -> None:
     """The tiny Mimi: one decoder layer of context 250 at 25 Hz (124.5 frames) and a few convolutions."""
     assert 125 <= decoder_receptive_field(model.mimi) <= 135
+
+
+def test_a_session_that_has_not_spoken_yet_resumes_with_a_fresh_decoder(model: LoadedModel) -> None:
+    """Its one step emitted nothing (the delays fill): no frame to warm with."""
+    with batch(model, 2) as batched:
+        batched.open_slot(0, None)
+        batched.tick({0: speech(1)[0]})
+        history = batched.history(0)
+        assert spoken_frames(history, model.span, model.lm, batched.decoder_frames).shape[1] == 0
+        batched.codec.reset_slot(1)
+        fresh = state_rows([model.mimi], 1)
+        batched.resume_slot(1, history)
+        assert all(torch.equal(a, b) for a, b in zip(fresh, state_rows([model.mimi], 1), strict=True))
