@@ -17,10 +17,10 @@ import torch
 
 from frontend_model.engine.batch_engine import BatchEngine, RowFault
 from frontend_model.engine.chunked_prefill import SpanPrefill
-from frontend_model.engine.codec import BatchFrameCodec
+from frontend_model.engine.codec import BatchFrameCodec, decoder_receptive_field
 from frontend_model.engine.device_memory import drop_streaming_state, release_memory
 from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, GREEDY, SAMPLED, EngineStateError, SamplingConfig
-from frontend_model.engine.history import SessionHistory, replay, start_recording
+from frontend_model.engine.history import SessionHistory, replay, spoken_frames, start_recording
 from frontend_model.engine.optimisations import Optimisations
 from frontend_model.engine.window import refill_window
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES
@@ -61,6 +61,7 @@ class BatchedModel:
         self.engine = BatchEngine(model, slots, sampling, max_span_frames, cost, frame_budget_s, prefill,
                                   optimisations)
         self.codec = BatchFrameCodec(model.mimi, slots)
+        self.decoder_frames = decoder_receptive_field(model.mimi)  # what a resumed slot's decoder is warmed with
         self.frames_stepped = [0] * slots
         if record:
             start_recording(self.engine)
@@ -104,9 +105,10 @@ class BatchedModel:
         return time.perf_counter() - start
 
     def resume_slot(self, slot: int, history: SessionHistory, embeddings: torch.Tensor | None = None) -> float:
-        """A resumed session takes `slot`: fresh state, then its history replayed (engine/history.py); returns the
-        replay seconds. The codec streams start fresh: their first frame or two differ from the uninterrupted
-        session's."""
+        """A resumed session takes `slot`: fresh state, then its history replayed (engine/history.py) and its decoder
+        warmed with the agent audio of its last `decoder_frames` frames (its receptive field), so that the first
+        audio after the resume continues the conversation's instead of starting cold; returns the seconds of both.
+        The user's encoder starts fresh: its PCM is not in the history."""
         self.engine.reset_slot(slot, history.sampling)
         self.codec.reset_slot(slot)
         # Spans go in at once, as after a first step; after an empty replay the engine refuses them: they are dropped
@@ -114,6 +116,7 @@ class BatchedModel:
         self.frames_stepped[slot] = 1 if history.offset else 0
         start = time.perf_counter()
         replay(self.engine, history, slot, embeddings)
+        self.codec.warm_decoder(slot, spoken_frames(history, self.engine.span, self.model.lm, self.decoder_frames))
         return time.perf_counter() - start
 
     def history(self, slot: int) -> SessionHistory:

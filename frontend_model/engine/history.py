@@ -17,8 +17,9 @@ older ones cannot change anything the model computes again, so they are dropped.
 
 The server (server/session/resume.py) saves each live session's blob about once a second to a store the replicas
 share; a replica that takes the session over replays it into a free slot (a PersonaPlex voice prompt's embeddings,
-which are no columns, are passed back from the prefix of the voice they came from) and goes on with fresh codec
-streams and the backend's turns.
+which are no columns, are passed back from the prefix of the voice they came from), warms the slot's decoder with
+the agent audio the columns hold (`spoken_frames`) and goes on with the backend's turns; the user's encoder starts
+fresh (its PCM is not kept).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy
 import torch
+from moshi.models.lm import LMModel
 
 from frontend_model.engine.batch_engine import BatchEngine
 from frontend_model.engine.columns import embed_columns
@@ -37,6 +39,7 @@ from frontend_model.engine.engine import Engine, EngineStateError
 from frontend_model.moshi_internals.kv_ring import attention_layers
 from frontend_model.moshi_internals.row_sampling import RowSampler, RowSampling, Stream
 from frontend_model.moshi_internals.streaming_state import streaming_states
+from frontend_model.span.config import SpanConfig
 
 VERSION = 1
 MAGIC = b"CSHI"
@@ -218,6 +221,30 @@ def replay(engine: Engine, history: SessionHistory, slot: int = 0, embeddings: t
     if engine.recorder is not None:
         engine.recorder.forced(lo, state.offsets[lo:hi] - history.columns.shape[1], columns[None])
     engine.steps = max(engine.steps, 1)  # a resumed conversation takes spans at once
+
+
+def spoken_frames(history: SessionHistory, span: SpanConfig, lm: LMModel, last: int) -> torch.Tensor:
+    """The agent audio codes [agent codebooks, n] of the last `last` frames (n <= last) that the session's decoder
+    decoded, read back from the history's columns: a resumed slot's decoder is warmed with them (no byte more in the
+    blob).
+
+    Only steps emit audio, and a frame's codes are spread over the columns the steps read by the delays: row r's code
+    of the frame a step read at column c sits `delays[r]` stepped columns on (the pending column last). The columns
+    no step read, a prefix's and the spans', hold the sine placeholder on every user row (or the initial token where
+    the stream starts, or EMBEDDED: a replayed voice prompt); a stepped column holds the user's own codes, so only a
+    user whose codes are the placeholder's on every codebook would be taken for a span. LMGen emits nothing for a
+    step at a position below its largest delay (the stream's start)."""
+    columns = history.columns
+    user = columns[1 + span.agent_codebooks :]
+    placeholder = (user == torch.tensor(span.sine_codes)[:, None]) | (user >= lm.card)
+    stepped = (~(placeholder.all(dim=0) | (columns[0] == EMBEDDED))).nonzero()[:, 0]
+    stream = torch.cat([columns[:, stepped], history.pending[:, None]], dim=1)
+    agent = slice(1, 1 + span.agent_codebooks)
+    max_delay = max(lm.delays)
+    n = max(0, stream.shape[1] - max_delay)  # frames whose every code is in the history
+    at = torch.arange(n)[None] + torch.tensor(lm.delays[agent])[:, None]
+    frames = stream[agent].gather(1, at)[:, history.start + stepped[:n] >= max_delay]
+    return frames[:, frames.shape[1] - min(last, frames.shape[1]) :]
 
 
 def _positions(engine: Engine) -> list[torch.Tensor]:

@@ -16,6 +16,7 @@ from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.loading.profiles import TINY_LM_CONFIG
 from frontend_model.moshi_internals.depformer import run_depformer_for_agent_only
 from frontend_model.moshi_internals.kv_ring import attention_layers
+from frontend_model.moshi_internals.streaming_state import streaming_states
 from frontend_model.span.block import Block
 from frontend_model.span.build import placeholder_rows
 
@@ -103,3 +104,16 @@ def span_like_block(engine: Engine, frames: int, seed: int) -> Block:
 
 def user_frames(count: int, seed: int) -> torch.Tensor:
     return torch.randint(0, 2048, (count, 8), generator=torch.Generator().manual_seed(seed))
+
+
+def state_rows(roots: list[torch.nn.Module], slot: int) -> list[torch.Tensor]:
+    """`slot`'s row of every streaming state under `roots` but the exec masks, which every call sets: what a module
+    carries from one call to the next for that slot. Of a KV ring, its end and the keys and values the row can read:
+    a masked call on the graph path writes past a row's end, which the row's next call overwrites."""
+    states = streaming_states(roots)
+    rows = [getattr(s.state, name)[slot].clone() for s in states for name in s.rows if name != "exec_mask"]
+    for ring in (getattr(s.state, name) for s in states for name in s.rings):
+        end, capacity = int(ring.end_offset[slot]), ring.cache.shape[3]
+        readable = torch.arange(max(0, end - capacity), end) % capacity
+        rows += [ring.end_offset[slot].clone(), ring.cache[:, slot, :, readable]]
+    return rows
