@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import torch
 
 from frontend_model.engine.batch_engine import RowFault
 from frontend_model.engine.batch_model import BatchedModel
@@ -147,11 +146,14 @@ class Batcher:
         self._prefix_frames[slot] = prefix.frames if prefix is not None else 0
         return prefill_s
 
-    async def resume(self, slot: int, history: SessionHistory, embeddings: torch.Tensor | None) -> float:
-        """As `open`, with a resumed session's history replayed instead of a prefix; returns replay seconds."""
+    async def resume(self, slot: int, history: SessionHistory, prefix: Prefix | None) -> float:
+        """As `open`, with a resumed session's history replayed instead of its prefix (the prefix rebuilt from its
+        persona and voice: its replayed embeddings, and the frames its window keeps); returns replay seconds."""
+        embeddings = prefix.embeddings if prefix is not None else None
         replay_s = await self.worker.run(lambda: self.model.resume_slot(slot, history, embeddings))
         self._active.add(slot)
         self._spans[slot] = _SlotSpans()
+        self._prefix_frames[slot] = prefix.frames if prefix is not None else 0
         return replay_s
 
     async def saved(self, slot: int) -> tuple[bytes, list[SpanAnswer]]:

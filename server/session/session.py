@@ -231,9 +231,9 @@ class Session:
             if self.resumed is None:
                 sampling = self.sampling = resolve_sampling(self.batcher.sampling, self.options.sampling)
                 prefill_s = await self.batcher.open(self.slot, prefix, sampling)
-            else:  # the prefix's replayed embeddings (a PersonaPlex voice) are no columns: the replay needs them
+            else:  # the prefix's replayed embeddings (a PersonaPlex voice) are no columns; its window keeps it
                 sampling = self.sampling = history.sampling
-                prefill_s = await self.batcher.resume(self.slot, history, prefix.embeddings if prefix else None)
+                prefill_s = await self.batcher.resume(self.slot, history, prefix)
         finally:
             preparing.done.set()
             holder.cancel()  # a read cancelled while waiting takes nothing off uvicorn's queue

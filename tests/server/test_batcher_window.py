@@ -17,6 +17,7 @@ from frontend_model.engine.batch_model import BatchedModel
 from frontend_model.engine.calibration import PrefillCost, TickCost
 from frontend_model.engine.columns import embed_columns, forward_last
 from frontend_model.engine.engine import GREEDY, Engine
+from frontend_model.engine.history import SessionHistory
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.kv_ring import attention_layers
@@ -227,3 +228,23 @@ def test_a_span_that_would_pass_the_context_goes_in_after_the_roll(
     assert roll.offset + span.frames + 1 > CONTEXT  # it would have straddled the context
     assert batched.slot_offset(0) == prefix.frames + roll.keep + span.frames + 1 <= CONTEXT
     fresh_matches(reference, prefix, roll, span.request.built.block)
+
+
+def test_a_resumed_session_keeps_its_prefix_when_its_window_rolls(
+        reference: LoadedModel, prefix: Prefix, batched: BatchedModel) -> None:
+    """Issue 36 with 37: the resumed slot's window keeps the prefix its persona and voice rebuild (it once kept none:
+    a resumed long call lost its persona at its next roll)."""
+    rolls = spied(batched)
+
+    async def body(batcher: Batcher) -> list[FrameOutput]:
+        outputs = [await batcher.step(0, frame(i, 0)) for i in range(CONTEXT)]
+        history, _ = await batcher.saved(0)
+        await batcher.resume(1, SessionHistory.from_bytes(history), prefix)
+        for i in range(CONTEXT, CONTEXT + 2 * POLICY.headroom):  # side by side: a tick's logits span both rows
+            outputs += await asyncio.gather(batcher.step(0, frame(i, 0)), batcher.step(1, frame(i, 1)))
+        return outputs
+
+    serve(batcher_for(batched), {0: prefix}, body)
+    resumed = [r for r in rolls if r.slot == 1]
+    assert resumed and all(r.keep == CONTEXT - prefix.frames - POLICY.headroom for r in resumed)
+    fresh_matches(reference, prefix, resumed[-1])
