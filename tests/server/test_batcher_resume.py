@@ -72,7 +72,7 @@ def test_a_session_resumed_through_the_batcher_gets_the_decoder_it_had(model: Lo
         await batcher.open(0, None)
         for i in range(BEFORE):
             await batcher.step(0, frame(i))
-        saved.append(await batcher.history(0))
+        saved.append((await batcher.saved(0))[0])
         return decoder(batcher, 0)
 
     async def resumed(batcher: Batcher) -> list[torch.Tensor]:
