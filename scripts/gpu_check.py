@@ -551,11 +551,14 @@ def profile(args: argparse.Namespace) -> int:
 def window(args: argparse.Namespace) -> int:
     """What a long call costs on the random 7B: a session's history written to bytes and replayed into a fresh engine
     (issue 36: resume), and a full window refilled after its prefix (issue 37: the window that keeps the persona),
-    each timed between device syncs after a conversation of `--minutes` (prefix, then spans up to that length)."""
+    each timed between device syncs after a conversation of `--minutes` (prefix, then spans up to that length); and
+    the resumed slot's decoder warm-up (its receptive field of agent frames through the batched codec, graphed on a
+    GPU: the other sessions' frames wait for it)."""
     import torch
 
     from benchmarks.span_latency import span_of_frames, summarise
     from frontend_model.engine.calibration import device_sync, time_call
+    from frontend_model.engine.codec import BatchFrameCodec, decoder_receptive_field
     from frontend_model.engine.engine import GREEDY, Engine
     from frontend_model.engine.history import SessionHistory, replay, start_recording
     from frontend_model.engine.window import refill_window
@@ -570,6 +573,16 @@ def window(args: argparse.Namespace) -> int:
                           model.lm.delays)
     assert prefix is not None
     result: dict[str, Any] = {"profile": args.profile, "device": str(model.device), "rows": []}
+    warm = decoder_receptive_field(model.mimi)
+    spoken = torch.randint(0, model.lm.card, (model.span.agent_codebooks, warm))
+    codec = BatchFrameCodec(model.mimi, 1)
+    codec.open()
+    try:
+        result["decoder_warmup"] = {"frames": warm, **summarise(
+            [time_call(partial(codec.warm_decoder, 0, spoken), sync) for _ in range(args.repeats)])}
+    finally:
+        codec.close()
+    print(json.dumps({"decoder_warmup": result["decoder_warmup"]}), flush=True)
     for minutes in args.minutes:
         frames = round(minutes * 60 / FRAME_S)
         with Engine(model, GREEDY, max_span_frames=max_span) as engine:

@@ -84,6 +84,7 @@ def test_dry_run_from_a_python_laid_out_as_the_machines_exercises_every_phase(wh
     assert phases["bench span"]["data"]["rows"][0]["frames"] == 0
     assert phases["bench load (real server)"]["data"]["sessions"] in (1, 2)  # chosen from the batch phase
     [window] = phases["window refill and history replay"]["data"]["rows"]
+    assert phases["window refill and history replay"]["data"]["decoder_warmup"]["runs"]
     assert window["replay"]["runs"] and window["refill"]["runs"] and 0 < window["refill_keep_frames"] < window["frames"]
     assert len(report["targets"]) == 4 and all(t["p99_ms"] is not None for t in report["targets"])
     anchor = report["anchor"]
