@@ -1,7 +1,7 @@
-"""`contextspan bench window`: a long session past the model's context, as the batcher serves it (window rolled before
-the tick that would pass the context, server/batching/window_policy.py, then the batched tick): what one roll costs
-(P50 / P99 ms, a prefill of `keep` frames) and how many frames come out late at the frame clock, against the same
-session left to slide."""
+"""`contextspan bench window`: a long session past the model's context, as the batcher serves it (its window kept
+before each tick, server/batching/window_keeper.py, then the batched tick): what a roll costs in its tick (P50 / P99
+ms), what a chunk of a window built ahead costs in its, and how many frames come out late at the frame clock; built
+ahead, refilled in the tick, and the same session left to slide, side by side."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from frontend_model.engine.engine import GREEDY
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.loading.profiles import PROFILES
+from server.batching.window_keeper import WindowWork, keep_window
 from server.batching.window_policy import WindowPolicy
 from server.session.persona import build_persona_block, persona_and_voice
 from server.settings import ServerSettings
@@ -30,10 +31,11 @@ from server.settings import ServerSettings
 SHORT_PERSONA = "You are a helpful travel assistant called Ada."
 
 
-def long_session(model: LoadedModel, policy: WindowPolicy | None, persona: str, voice: str | None, frames: int,
-                 paced: int, deadline_s: float, max_span: int) -> dict[str, Any]:
+def long_session(model: LoadedModel, policy: WindowPolicy | None, refill: str, persona: str, voice: str | None,
+                 frames: int, paced: int, deadline_s: float, max_span: int) -> dict[str, Any]:
     """One session of `frames` frames; the last `paced` of them arrive at the frame clock (the first ones are
-    stepped back to back, to bring a big model's session near its context quickly)."""
+    stepped back to back, to bring a big model's session near its context quickly). `refill`: ahead (a shadow row)
+    or in-tick."""
     sync = device_sync(model.device)
     text, voice = persona_and_voice(model, persona, voice)
     prefix = build_persona_block(model, text, voice, max_span)
@@ -41,9 +43,11 @@ def long_session(model: LoadedModel, policy: WindowPolicy | None, persona: str, 
     pcm = (0.1 * np.random.default_rng(0).standard_normal((frames, FRAME_SAMPLES))).astype(np.float32)
     batched = BatchedModel(model, 1, GREEDY, max_span_frames=max_span, record=policy is not None)
     batched.start()
-    rolls, ticks, latencies, keeps = [], [], [], set()
-    late = late_at_roll = 0
+    rolls, builds, ticks, latencies, keeps = [], [], [], [], set()
+    late = late_at_window = in_tick = 0
     try:
+        if policy is not None and refill == "ahead":
+            batched.build_windows_ahead(policy.ahead_chunk(1, 1 << (max_span.bit_length() - 1)))
         batched.warm_up()
         batched.open_slot(0, prefix)
         t0 = time.perf_counter() - (frames - paced) * FRAME_S
@@ -52,12 +56,16 @@ def long_session(model: LoadedModel, policy: WindowPolicy | None, persona: str, 
             if i >= frames - paced:
                 time.sleep(max(0.0, arrived - time.perf_counter()))
             start = time.perf_counter()
-            keep = policy.roll(batched.offsets()[0], prefix_frames, 1) if policy is not None else None
-            if keep is not None:
-                batched.keep_window(0, prefix_frames, keep)
-                sync()
+            offset = batched.offsets()[0]
+            work = (keep_window(batched, policy, 0, offset, prefix_frames, 1, lambda slot: True)
+                    if policy is not None else WindowWork(False, False, None))
+            sync()
+            if work.rolled:
                 rolls.append(time.perf_counter() - start)
-                keeps.add(keep)
+                keeps.add(batched.offsets()[0] - prefix_frames)
+                in_tick += work.in_tick
+            if work.build_s is not None and not work.rolled:
+                builds.append(time.perf_counter() - start)
             tick_start = time.perf_counter()
             batched.tick({0: pcm[i]})
             sync()
@@ -67,16 +75,17 @@ def long_session(model: LoadedModel, policy: WindowPolicy | None, persona: str, 
                 latencies.append(done - arrived)
                 if done - arrived > deadline_s:
                     late += 1
-                    late_at_roll += keep is not None
+                    late_at_window += work.rolled or work.build_s is not None
         offset = batched.offsets()[0]
     finally:
         batched.close()
-    return {"window": "keep-prefix" if policy is not None else "slide", "prefix_frames": prefix_frames,
-            "keeps_prefix": policy is not None and policy.keeps_prefix(prefix_frames), "frames": frames,
-            "paced_frames": paced, "final_offset": offset, "rolls": len(rolls), "keep_frames": sorted(keeps),
-            "roll": summarise(rolls) if rolls else None, "tick": summarise(ticks),
+    return {"window": "keep-prefix" if policy is not None else "slide", "refill": refill if policy else None,
+            "prefix_frames": prefix_frames, "keeps_prefix": policy is not None and policy.keeps_prefix(prefix_frames),
+            "frames": frames, "paced_frames": paced, "final_offset": offset, "rolls": len(rolls),
+            "rolls_in_tick": in_tick, "keep_frames": sorted(keeps), "roll": summarise(rolls) if rolls else None,
+            "build_chunk": summarise(builds) if builds else None, "tick": summarise(ticks),
             "frame_latency": summarise(latencies) if latencies else None, "late_frames": late,
-            "late_frames_at_a_roll": late_at_roll}
+            "late_frames_at_a_roll_or_build": late_at_window}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,18 +108,22 @@ def main(argv: list[str] | None = None) -> int:
     policy = WindowPolicy.for_context(model.span.context)
     deadline_s = ServerSettings().deadline_ms / 1e3
     paced = args.frames if args.paced is None else args.paced
-    runs = [long_session(model, window, args.persona, args.voice, args.frames, paced, deadline_s,
-                         args.max_span_frames) for window in (policy, None)]
+    runs = [long_session(model, window, refill, args.persona, args.voice, args.frames, paced, deadline_s,
+                         args.max_span_frames)
+            for window, refill in ((policy, "ahead"), (policy, "in-tick"), (None, "-"))]
     print(f"context {model.span.context} frames, headroom {policy.headroom}, prefix {runs[0]['prefix_frames']} "
-          f"frames, keep {runs[0]['keep_frames']}")
-    print(f"{'window':>11} | rolls | roll P50 (ms) | roll P99 (ms) | tick P50 (ms) | frame P99 (ms) | late | late at "
-          "a roll")
+          f"frames, kept after the prefix {runs[0]['keep_frames']} (ahead), {runs[1]['keep_frames']} (in the tick)")
+    print(f"{'window':>21} | rolls | in tick | roll P50 / P99 (ms) | chunk P50 / P99 (ms) | tick P50 (ms) | "
+          "frame P99 (ms) | late | late at a roll or chunk")
+    nan = {"p50_ms": float("nan"), "p99_ms": float("nan")}
     for run in runs:
-        roll = run["roll"] or {"p50_ms": float("nan"), "p99_ms": float("nan")}
-        frame = run["frame_latency"] or {"p99_ms": float("nan")}
-        print(f"{run['window']:>11} | {run['rolls']:5d} | {roll['p50_ms']:13.2f} | {roll['p99_ms']:13.2f} | "
-              f"{run['tick']['p50_ms']:13.2f} | {frame['p99_ms']:14.2f} | {run['late_frames']:4d} | "
-              f"{run['late_frames_at_a_roll']:d}", flush=True)
+        roll, chunk = run["roll"] or nan, run["build_chunk"] or nan
+        frame = run["frame_latency"] or nan
+        name = run["window"] + (f" ({run['refill']})" if run["refill"] else "")
+        print(f"{name:>21} | {run['rolls']:5d} | {run['rolls_in_tick']:7d} | {roll['p50_ms']:8.2f} / "
+              f"{roll['p99_ms']:8.2f} | {chunk['p50_ms']:9.2f} / {chunk['p99_ms']:8.2f} | {run['tick']['p50_ms']:13.2f}"
+              f" | {frame['p99_ms']:14.2f} | {run['late_frames']:4d} | {run['late_frames_at_a_roll_or_build']:d}",
+              flush=True)
     save_json(args.json, {"benchmark": "window", "profile": args.profile, "context": model.span.context,
                           "headroom": policy.headroom, "persona": args.persona, "voice": args.voice,
                           "max_span_frames": args.max_span_frames, "deadline_ms": deadline_s * 1e3,

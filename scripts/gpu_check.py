@@ -369,12 +369,16 @@ def markdown(report: dict[str, Any]) -> str:
     window = next((p for p in report["phases"] if p["name"] == WINDOW_PHASE and p.get("data")), None)
     if window:
         lines += ["", "| conversation | history | replay into a fresh engine (P50) | refill of the window after the "
-                  "prefix (P50) |", "|---|---|---|---|"]
+                  "prefix in one tick (P50) | built ahead: a chunk's feed (P50) | swap (P50) |",
+                  "|---|---|---|---|---|---|"]
         for r in window["data"]["rows"]:
             refill = (f"{_ms(r['refill']['p50_ms'])} ({r['refill_keep_frames']} frames)" if "refill" in r
                       else "not measured")
+            chunks = ", ".join(f"{_ms(c['p50_ms'])} ({c['frames']} frames)" for c in r.get("ahead_chunks", []))
+            swap = _ms(r["ahead_swap"]["p50_ms"]) if "ahead_swap" in r else "not measured"
             lines.append(f"| {r['minutes']:g} min ({r['frames']} frames) | {r['history_bytes'] / 1024:.0f} KiB, "
-                         f"{r['bytes_per_s']:.0f} B/s | {_ms(r['replay']['p50_ms'])} | {refill} |")
+                         f"{r['bytes_per_s']:.0f} B/s | {_ms(r['replay']['p50_ms'])} | {refill} | "
+                         f"{chunks or 'not measured'} | {swap} |")
     lines += ["", "| phase | outcome | seconds | call |", "|---|---|---|---|"]
     for phase in report["phases"]:
         why = f" ({phase['why'][:160]})" if phase["why"] else ""
@@ -606,6 +610,7 @@ def window(args: argparse.Namespace) -> int:
                 row["refill"] = summarise([time_call(partial(refill_window, engine, 0, prefix_frames, columns), sync)
                                            for _ in range(args.repeats)])
                 row["step_after_refill"] = summarise([time_call(lambda: engine.step(user), sync)])
+                row.update(window_ahead(engine, prefix_frames, keep, args.repeats, sync))
         replays, after = [], []
         for _ in range(args.repeats):
             with Engine(model, GREEDY, max_span_frames=max_span) as fresh:
@@ -616,6 +621,32 @@ def window(args: argparse.Namespace) -> int:
         print(json.dumps(row), flush=True)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def window_ahead(engine: Any, prefix_frames: int, keep: int, repeats: int, sync: Any) -> dict[str, Any]:
+    """The same window built ahead on a shadow row (what the server does by default): one chunk's feed at the sizes
+    a batch of 1 to 16 would use, the rest fed at once, and the swap into the session's row."""
+    from benchmarks.span_latency import summarise
+    from frontend_model.engine.calibration import time_call
+    from frontend_model.engine.window import WindowAhead
+    from server.batching.window_policy import WindowPolicy
+
+    policy = WindowPolicy.for_context(engine.model.lm.context or 0)
+    largest = 1 << (engine.max_span_frames.bit_length() - 1)
+    offset = int(engine._state().offsets[0])
+    out: dict[str, Any] = {"ahead_chunks": []}
+    for chunk in sorted({policy.ahead_chunk(slots, largest) for slots in (1, 4, 16)}):
+        ahead = WindowAhead(engine, chunk)
+        try:
+            ahead.begin(0, prefix_frames, offset - keep)
+            fed = [time_call(lambda a=ahead, c=chunk: a.feed(c), sync) for _ in range(repeats)]
+            out["ahead_chunks"].append({"frames": chunk, **summarise(fed)})
+            out["ahead_finish_frames"] = keep - repeats * chunk
+            out["ahead_finish"] = summarise([time_call(lambda a=ahead: a.feed(keep), sync)])
+            out["ahead_swap"] = summarise([time_call(ahead.swap, sync)])
+        finally:
+            ahead.close()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,6 +69,10 @@ class ServerSettings(BaseSettings):
         "most recent frames again right after it (exact, a prefill every context/8 frames); slide lets the prefix "
         "scroll out (moshi's ring); auto: keep-prefix for the PersonaPlex family (PersonaPlex, Context Spanning), "
         "trained with a prefix, slide for the others")
+    window_refill: Literal["ahead", "in-tick"] = Field(
+        "ahead", description="keep-prefix: ahead builds a session's refilled window a chunk a tick on a shadow row "
+        "(one session's KV memory more) as it nears the context and swaps it in, so no tick pays a whole refill; "
+        "in-tick prefills the kept frames in the tick that rolls (on 7B about 2300 frames, over a frame's budget)")
     max_connections_per_ip: int = Field(8, ge=1, description="open WebSockets per client address (HTTP 429 over)")
     max_message_bytes: int = Field(256 * 1024, ge=1024, description="larger WebSocket messages close with 1009")
     keepalive_s: float = Field(

@@ -22,7 +22,7 @@ from frontend_model.engine.device_memory import drop_streaming_state, release_me
 from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, GREEDY, SAMPLED, EngineStateError, SamplingConfig
 from frontend_model.engine.history import SessionHistory, replay, spoken_frames, start_recording
 from frontend_model.engine.optimisations import Optimisations
-from frontend_model.engine.window import refill_window
+from frontend_model.engine.window import WindowAhead, refill_window
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.graphs import to_host
@@ -63,6 +63,7 @@ class BatchedModel:
         self.codec = BatchFrameCodec(model.mimi, slots)
         self.decoder_frames = decoder_receptive_field(model.mimi)  # what a resumed slot's decoder is warmed with
         self.frames_stepped = [0] * slots
+        self.window_ahead: WindowAhead | None = None  # `build_windows_ahead`
         if record:
             start_recording(self.engine)
 
@@ -79,8 +80,21 @@ class BatchedModel:
             raise
 
     def close(self) -> None:
+        self.stop_windows_ahead()
         self.engine.close()
         self.codec.close()
+
+    def build_windows_ahead(self, chunk: int) -> WindowAhead:
+        """A shadow row on which slots' windows are built ahead, `chunk` frames a tick (engine/window.py), after
+        `start`: one session's KV row more on the device. Needs a batch that records."""
+        self.window_ahead = WindowAhead(self.engine, chunk)
+        return self.window_ahead
+
+    def stop_windows_ahead(self) -> None:
+        """No shadow row: windows roll in their tick (what a failed start of one falls back to)."""
+        if self.window_ahead is not None:
+            self.window_ahead.close()
+        self.window_ahead = None
 
     def warm_up(self, ticks: int = 3) -> None:
         """First calls pay torch's lazy initialisation, and on a GPU capture the step graphs: pay it before a
@@ -95,6 +109,7 @@ class BatchedModel:
     def open_slot(self, slot: int, prefix: Prefix | None, sampling: RowSampling | None = None) -> float:
         """A session takes `slot`: fresh state and its sampling, then its persona prefix; returns the prefill
         seconds."""
+        self._forget_window(slot)
         self.engine.reset_slot(slot, sampling)
         self.codec.reset_slot(slot)
         self.frames_stepped[slot] = 0
@@ -109,6 +124,7 @@ class BatchedModel:
         warmed with the agent audio of its last `decoder_frames` frames (its receptive field), so that the first
         audio after the resume continues the conversation's instead of starting cold; returns the seconds of both.
         The user's encoder starts fresh: its PCM is not in the history."""
+        self._forget_window(slot)
         self.engine.reset_slot(slot, history.sampling)
         self.codec.reset_slot(slot)
         # Spans go in at once, as after a first step; after an empty replay the engine refuses them: they are dropped
@@ -133,6 +149,10 @@ class BatchedModel:
             raise EngineStateError("keep_window feeds a slot's recorded columns again: make the batch with record")
         columns = self.engine.recorder.recent(slot, self.slot_offset(slot), keep)
         refill_window(self.engine, slot, prefix_frames, columns.long())
+
+    def _forget_window(self, slot: int) -> None:
+        if self.window_ahead is not None:
+            self.window_ahead.forget(slot)
 
     def offsets(self) -> list[int]:
         """Every slot's offset (`slot_offset`), in one read from the device."""
@@ -170,8 +190,10 @@ class BatchedModel:
         return self.engine.span_frame_cap
 
     def scratch_bytes(self) -> int:
-        """The chunked prefill's scratch row (0 without one), held beside the batch."""
-        return self.engine.chunked.scratch.nbytes() if self.engine.chunked is not None else 0
+        """The chunked prefill's scratch row and the shadow row windows are built ahead on (0 without them), held
+        beside the batch."""
+        chunked = self.engine.chunked.scratch.nbytes() if self.engine.chunked is not None else 0
+        return chunked + (self.window_ahead.nbytes() if self.window_ahead is not None else 0)
 
     @torch.no_grad()
     def tick(self, frames: dict[int, np.ndarray]) -> dict[int, SlotOutput | RowFault]:

@@ -106,22 +106,33 @@ class ScratchRow:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
+    def load(self, row: int) -> None:
+        """Batch row `row` copied into the scratch states (the batch's states installed)."""
+        for pair in self.pairs:
+            _copy_row(pair.module._streaming_state, pair.scratch, pair, row, into_scratch=True)
+
+    def store(self, row: int) -> None:
+        """The scratch states copied into batch row `row` (the batch's states installed)."""
+        for pair in self.pairs:
+            _copy_row(pair.module._streaming_state, pair.scratch, pair, row, into_scratch=False)
+
     @contextmanager
     def installed(self, row: int | None) -> Iterator[None]:
         """The scratch states in place of the batch's: holding a copy of batch row `row`, written back on the way
-        out, or as they are when `row` is None (graph capture, which leaves garbage every later use overwrites)."""
+        out, or as they are when `row` is None (graph capture, which leaves garbage every later use overwrites; a
+        window built ahead, which lives on its own scratch row: engine/window.py)."""
+        if row is not None:
+            self.load(row)
         states = [pair.module._streaming_state for pair in self.pairs]
-        for pair, state in zip(self.pairs, states, strict=True):
-            if row is not None:
-                _copy_row(state, pair.scratch, pair, row, into_scratch=True)
+        for pair in self.pairs:
             pair.module._streaming_state = pair.scratch
         try:
             yield
         finally:
             for pair, state in zip(self.pairs, states, strict=True):
                 pair.module._streaming_state = state
-                if row is not None:
-                    _copy_row(state, pair.scratch, pair, row, into_scratch=False)
+            if row is not None:
+                self.store(row)
 
 
 def _copy_row(state: Any, scratch: Any, pair: _Pair, row: int, into_scratch: bool) -> None:
@@ -145,11 +156,12 @@ class ChunkedPrefill:
     it is built, so that an engine holds chunk graphs only where they captured (frontend_model/engine/optimisations.py:
     where the scratch row or a capture fails, spans go in one pass)."""
 
-    def __init__(self, lm: LMModel, scratch: ScratchRow, max_frames: int) -> None:
+    def __init__(self, lm: LMModel, scratch: ScratchRow, max_frames: int, graphs: bool = True) -> None:
+        """`graphs`: CUDA graphs where the LM is on a GPU (off: eager chunks, where the prefill graphs failed)."""
         self.lm = lm
         self.sizes = chunk_sizes(max_frames)
         self.scratch = scratch
-        cuda = next(lm.parameters()).device.type == "cuda"
+        cuda = graphs and next(lm.parameters()).device.type == "cuda"
         self._graphs: dict[int, Callable[..., Any]] = {}
         for size in self.sizes:
             # forward_last bound to the LM, not a method of self: no cycle keeps a closed prefill's graphs alive
@@ -176,9 +188,9 @@ class ChunkedPrefill:
                 for _ in range(2):
                     self._graphs[size](x)
 
-    def forward(self, x: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`x` [1, T, dim] for batch row `row`, in chunks: the (out, text logits) of its last position, copied out
-        of the graphs' buffers."""
+    def forward(self, x: torch.Tensor, row: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`x` [1, T, dim] for batch row `row` (None: for the scratch row as it stands), in chunks: the (out, text
+        logits) of its last position, copied out of the graphs' buffers."""
         if x.shape[0] != 1:
             raise ValueError(f"a chunked prefill writes one row, got {x.shape[0]}")
         start = 0

@@ -16,7 +16,7 @@ from typing import Literal, TypeVar, get_args
 
 logger = logging.getLogger(__name__)
 
-Optimisation = Literal["step_graphs", "prefill_graphs", "scratch_row", "calibration"]
+Optimisation = Literal["step_graphs", "prefill_graphs", "scratch_row", "calibration", "window_ahead"]
 OPTIMISATIONS: tuple[Optimisation, ...] = get_args(Optimisation)
 # moshi graphs nothing off CUDA; the scratch row and calibration run on any device.
 GPU_ONLY: frozenset[Optimisation] = frozenset({"step_graphs", "prefill_graphs"})

@@ -14,19 +14,27 @@ of [prefix + those frames] (tests/frontend_model/test_window.py measures both).
 
 Both work in place on the ring's slots, so they must come before the ring wraps over the prefix: while a row's
 offset is at most the ring's capacity (`context + max_span_frames`), slot s holds position s.
+
+`WindowAhead` is `refill_window` spread over ticks, on a shadow row beside the batch (what the server does by
+default: server/batching/window_keeper.py).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+from moshi.models.lm import LMModel
 from moshi.modules.transformer import StreamingMultiheadAttention
 
+from frontend_model.engine.chunked_prefill import ChunkedPrefill, ScratchRow
 from frontend_model.engine.columns import embed_columns, forward_last
 from frontend_model.engine.engine import Engine
+from frontend_model.engine.history import ColumnLog
 from frontend_model.moshi_internals.kv_ring import attention_layers
 from frontend_model.moshi_internals.row_view import rows
+from frontend_model.moshi_internals.streaming_state import streaming_modules
 
 
 def rotate_keys(keys: torch.Tensor, shift: int, attn: StreamingMultiheadAttention) -> torch.Tensor:
@@ -107,10 +115,7 @@ def refill_window(engine: Engine, row: int, prefix_frames: int, columns: torch.T
     keep = columns.shape[-1]
     offset = _check(engine, row, prefix_frames, keep)
     lm = engine.model.lm
-    for attn in attention_layers(lm.transformer):
-        attn._streaming_state.kv_cache.end_offset[row] = prefix_frames
-        attn._streaming_state.offset[row] = prefix_frames
-    lm.transformer._streaming_state.offsets[row] = prefix_frames
+    _rewind(lm, row, prefix_frames)
     state = engine._state()
     exec_mask = state.exec_mask.clone()
     only_row = torch.zeros_like(exec_mask)
@@ -125,9 +130,123 @@ def refill_window(engine: Engine, row: int, prefix_frames: int, columns: torch.T
     _turn_token_ring(engine, row, offset, prefix_frames + keep)
 
 
+def _rewind(lm: LMModel, row: int, prefix_frames: int) -> None:
+    """The installed streaming states' row `row` reads its next frame right after its prefix: what follows it in the
+    ring is written over."""
+    for attn in attention_layers(lm.transformer):
+        attn._streaming_state.kv_cache.end_offset[row] = prefix_frames
+        attn._streaming_state.offset[row] = prefix_frames
+    lm.transformer._streaming_state.offsets[row] = prefix_frames
+
+
 def _relog(engine: Engine, row: int, prefix_frames: int, columns: torch.Tensor) -> None:
     """The session history (engine/history.py) follows the window: the kept columns now sit right after the prefix,
     so the next roll, and a replay, read them there."""
     if engine.recorder is not None:
         start = torch.full((1,), prefix_frames, device=engine.model.device)
         engine.recorder.forced(row, start, columns.to(engine.model.device)[None])
+
+
+@dataclass
+class Build:
+    """A window being built ahead for `slot`: its prefix, then its recorded columns from stream position `start` on,
+    `fed` of them so far."""
+
+    slot: int
+    prefix_frames: int
+    start: int
+    fed: int = 0
+
+    @property
+    def end(self) -> int:
+        """The stream position of the next column to feed."""
+        return self.start + self.fed
+
+
+class WindowAhead:
+    """`refill_window` spread over ticks: a shadow row beside the batch (a batch-1 copy of the temporal transformer's
+    streaming state, with its own chunk graphs on a GPU) holds a copy of a slot's prefix and is fed the slot's
+    recorded columns from `start` on, `chunk` frames a tick, while the slot goes on stepping; once it has caught up,
+    `swap` copies its keys and values into the slot's row, which then holds exactly what `refill_window` of the
+    columns from `start` on writes (chunks of at most the ring's extra slots are exact the way a one-pass span is:
+    chunked_prefill.py). In a tick, a build costs a `chunk`-frame prefill of one row; the refill it replaces costs a
+    prefill of `keep` frames (about 2300 on 7B, several frame budgets). One shadow: one build at a time."""
+
+    def __init__(self, engine: Engine, chunk: int) -> None:
+        if engine.recorder is None:
+            raise ValueError("a window built ahead feeds a slot's recorded columns: start the engine recording")
+        if not 1 <= chunk <= engine.max_span_frames or chunk & (chunk - 1):
+            raise ValueError(f"chunk must be a power of two of at most {engine.max_span_frames} frames, got {chunk}")
+        self.engine = engine
+        self.chunk = chunk
+        lm = engine.model.lm
+        self.prefill = ChunkedPrefill(lm, ScratchRow(lm.transformer), chunk,
+                                      graphs=engine.optimisations.enabled("prefill_graphs"))
+        self.build: Build | None = None
+
+    def close(self) -> None:
+        self.prefill.close()
+        self.build = None
+
+    def nbytes(self) -> int:
+        return self.prefill.scratch.nbytes()
+
+    def begin(self, slot: int, prefix_frames: int, start: int) -> Build:
+        """A build for `slot`: its prefix, then its columns from stream position `start` (past the prefix, at most
+        the slot's offset)."""
+        offset = _check(self.engine, slot, prefix_frames, 0)
+        if not prefix_frames <= start <= offset:
+            raise ValueError(f"a window after a {prefix_frames}-frame prefix starts between it and the offset "
+                             f"{offset}, not at {start}")
+        lm = self.engine.model.lm
+        self.prefill.scratch.load(slot)
+        with self.prefill.scratch.installed(None):
+            _rewind(lm, 0, prefix_frames)
+            for module in streaming_modules(lm.transformer):
+                module._streaming_state.exec_mask.fill_(True)  # the masked ring writes where the row executes
+        self.build = Build(slot, prefix_frames, start)
+        return self.build
+
+    @torch.no_grad()  # served weights require grad (refill_window)
+    def feed(self, frames: int) -> int:
+        """Up to `frames` more of the build's columns, none past its slot's offset; returns the columns still to feed
+        (0: caught up)."""
+        build = self._build()
+        offset = int(self.engine._state().offsets[build.slot])
+        n = min(frames, offset - build.end)
+        if n > 0:
+            columns = self._recorder().recent(build.slot, build.end + n, n).long()
+            lm = self.engine.model.lm
+            self.prefill.forward(embed_columns(lm, columns.to(self.engine.model.device)[None]), None)
+            build.fed += n
+        return offset - build.end
+
+    def swap(self) -> int:
+        """The caught-up window into its slot's row, which reads its next frame right after it; returns the frames
+        kept after the prefix."""
+        build = self._build()
+        offset = int(self.engine._state().offsets[build.slot])
+        if build.end != offset:
+            raise ValueError(f"slot {build.slot} is at {offset}; its window was fed up to {build.end}")
+        keep = build.fed
+        columns = self._recorder().recent(build.slot, offset, keep)
+        self.prefill.scratch.store(build.slot)
+        _relog(self.engine, build.slot, build.prefix_frames, columns)
+        _turn_token_ring(self.engine, build.slot, offset, build.prefix_frames + keep)
+        self.build = None
+        return keep
+
+    def forget(self, slot: int) -> None:
+        """`slot`'s session is gone or starts again: its build, if any, is dropped."""
+        if self.build is not None and self.build.slot == slot:
+            self.build = None
+
+    def _build(self) -> Build:
+        if self.build is None:
+            raise ValueError("no window is being built")
+        return self.build
+
+    def _recorder(self) -> ColumnLog:
+        recorder = self.engine.recorder
+        assert recorder is not None  # checked at construction; an engine keeps its recorder
+        return recorder

@@ -213,16 +213,30 @@ async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWor
         # every slot keeps its token history on the device: to be saved and resumed, or to refill its window
         record=window == "keep-prefix" or state.resumes is not None)))
     cost = replace(cost, prefill=batched.engine.cost or cost.prefill)  # one-pass costs where its chunks did not start
+    policy = WindowPolicy.for_context(model.span.context) if window == "keep-prefix" else None
+    await worker.run(lambda: build_windows_ahead(batched, policy, settings.window_refill, optimisations))
     if batched.span_frame_cap < MIN_SPAN_FRAMES:
         logger.warning(no_span_budget_warning(cost.prefill, span_budget_s))
     per_session = session_bytes(model.lm, model.mimi, settings.max_span_frames).total
     scratch = batched.scratch_bytes()
     state.memory = await worker.run(lambda: device_memory(model.lm, model.mimi, per_session, scratch))
-    batcher = Batcher(batched, worker, cost, admitted, budget_s, settings.span_deadline_s, state.metrics,
-                      WindowPolicy.for_context(model.span.context) if window == "keep-prefix" else None)
+    batcher = Batcher(batched, worker, cost, admitted, budget_s, settings.span_deadline_s, state.metrics, policy)
     batcher.start()
     state.metrics.session_slots.set(admitted.slots)
     return batcher
+
+
+def build_windows_ahead(batched: BatchedModel, policy: WindowPolicy | None, refill: str,
+                        optimisations: Optimisations) -> None:
+    """The shadow row that builds windows ahead (engine/window.py), where sessions keep their prefix and `refill`
+    asks for it; where it fails to start, windows roll in their tick."""
+    if policy is None or refill != "ahead":
+        optimisations.unused("window_ahead")
+        return
+    largest = 1 << (batched.max_span_frames.bit_length() - 1)
+    chunk = policy.ahead_chunk(batched.slots, largest)
+    if optimisations.attempt("window_ahead", lambda: batched.build_windows_ahead(chunk)) is None:
+        batched.stop_windows_ahead()
 
 
 def memory_report(state: ServerState) -> DeviceMemory | None:
@@ -494,6 +508,7 @@ def _info(state: ServerState) -> dict[str, object]:
         "trigger_why": state.trigger.why if state.trigger else None,
         "app_spans": state.settings.app_spans,
         "window": state.batcher.window_mode if state.batcher else state.settings.window,
+        "window_refill": state.batcher.window_refill if state.batcher else state.settings.window_refill,
         "auth": bool(state.settings.api_keys),
         "draining": state.draining,
         "memory": memory.as_dict() if (memory := memory_report(state)) else None,

@@ -31,6 +31,7 @@ from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from frontend_model.moshi_internals.row_sampling import RowSampling, SamplingConfig
 from frontend_model.span.block import Prefix
 from server.batching.tick_scheduler import Capacity, TickScheduler, Waiting
+from server.batching.window_keeper import keep_window
 from server.batching.window_policy import WindowMode, WindowPolicy
 from server.batching.worker import ModelWorker
 from server.ops.metrics import Metrics
@@ -107,6 +108,13 @@ class Batcher:
     @property
     def window_mode(self) -> WindowMode:
         return "slide" if self.window is None else "keep-prefix"
+
+    @property
+    def window_refill(self) -> str | None:
+        """How a kept window is refilled: built ahead on the shadow row, or in the tick that rolls (None: slides)."""
+        if self.window is None:
+            return None
+        return "ahead" if self.model.window_ahead is not None else "in-tick"
 
     @property
     def free(self) -> int:
@@ -347,15 +355,16 @@ class Batcher:
         return results
 
     def _keep_window(self, window: WindowPolicy, slot: int, offset: int, span_frames: int) -> None:
-        """Roll `slot`'s window before its span and step if they would pass the context (window_policy.py): a
-        prefill of the kept frames, on this tick's time."""
-        prefix_frames = self._prefix_frames.get(slot, 0)
-        keep = window.roll(offset, prefix_frames, span_frames + 1)
-        if keep is None:
-            return
+        """Roll `slot`'s window before its span and step if they would pass the context (window_keeper.py)."""
         start = time.perf_counter()
-        self.model.keep_window(slot, prefix_frames, keep)
-        self.metrics.window_rolls.observe(time.perf_counter() - start)
+        work = keep_window(self.model, window, slot, offset, self._prefix_frames.get(slot, 0), span_frames + 1,
+                           lambda s: s in self._active)
+        if work.build_s is not None:
+            self.metrics.window_build_seconds.observe(work.build_s)
+        if work.rolled:
+            self.metrics.window_rolls.observe(time.perf_counter() - start)
+        if work.in_tick:
+            self.metrics.window_rolls_in_tick.inc()
 
     def _slot_frame(self, frame: InputFrame) -> np.ndarray:
         pcm = frame.pcm

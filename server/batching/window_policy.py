@@ -7,10 +7,16 @@ tick writes for it (its span, if one rides, then its step) would reach position 
 `refill_window`), and the tick's frames follow. A span is counted in the tick's frames, so it never straddles a roll:
 the roll comes before it. Rolling at `context` rather than at the ring's capacity (`context + max_span_frames`, the
 hard limit of a refill) keeps the whole prefix in reach of every step, not only of the ring.
+
+Built ahead (engine/window.py `WindowAhead`), the same window is fed a chunk a tick on a shadow row from a fixed start
+(`ahead_window_start`: the frames a roll at the context would keep) once the slot nears the context
+(`ahead_start`), and goes in at the tick it has caught up, if the tick's frames fit after it; a build that has not
+caught up when the roll is due is finished in that tick.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,6 +26,7 @@ WindowMode = Literal["keep-prefix", "slide"]
 # costs a prefill of `keep` frames, paid once per headroom frames; 1/8 rolls a 7B model (3000 frames) once per 30 s
 # and still leaves the model 7/8 of its reach as recent history. A larger share rolls less often and forgets more.
 HEADROOM_SHARE = 8
+AHEAD_LEAST_CHUNK = 16
 
 
 def resolve_window(setting: Literal["auto", "keep-prefix", "slide"], prefixed_family: bool) -> WindowMode:
@@ -62,3 +69,29 @@ class WindowPolicy:
             return fit
         usual = self.context - prefix_frames - self.headroom
         return usual if offset - prefix_frames >= usual else None
+
+    def usual_keep(self, prefix_frames: int) -> int:
+        """Frames a roll at the context keeps when no span rides: the window leaves `headroom` frames free."""
+        return self.context - prefix_frames - self.headroom
+
+    def ahead_chunk(self, slots: int, largest: int) -> int:
+        """Frames a window built ahead is fed a tick (a power of two, at most `largest`, itself one). A build gains
+        chunk - 1 frames a tick on its slot, and one shadow builds for every slot, each rolling once per headroom
+        frames: the smallest chunk that builds `slots` windows of the longest keep (no prefix) within a headroom, and
+        at least `AHEAD_LEAST_CHUNK` (a forward of a few frames costs about what a step costs on a GPU)."""
+        need = max(AHEAD_LEAST_CHUNK, math.ceil(self.usual_keep(0) * slots / self.headroom) + 1)
+        return min(largest, 1 << (need - 1).bit_length())
+
+    def ahead_window_start(self, prefix_frames: int) -> int:
+        """The stream position a window built ahead starts at: the first frame a roll at the context would keep."""
+        return prefix_frames + self.headroom
+
+    def ahead_start(self, prefix_frames: int, chunk: int) -> int:
+        """The offset from which a slot's window is built ahead: early enough that `chunk` frames a tick catch up
+        before the slot reaches the context, a build gaining chunk - 1 frames a tick (a tick to spare)."""
+        return self.context - math.ceil(self.usual_keep(prefix_frames) / (chunk - 1)) - 1
+
+    def fits_after(self, offset: int, start: int, prefix_frames: int, incoming: int) -> bool:
+        """Whether a window built from `start`, caught up at `offset`, leaves room for the tick's `incoming` frames
+        before the context."""
+        return prefix_frames + offset - start + incoming <= self.context

@@ -70,6 +70,14 @@ class Metrics:
             "recent frames prefilled again after it), on the worker before its tick",
             buckets=_MS_BUCKETS, registry=r,
         )
+        self.window_rolls_in_tick = Counter(
+            "contextspan_window_rolls_in_tick", "Rolls whose kept frames were all prefilled in the tick: no window "
+            "was built ahead for the session (no shadow row, or another session's build on it)", registry=r,
+        )
+        self.window_build_seconds = Histogram(
+            "contextspan_window_build_seconds", "A window built ahead, fed one chunk of a session's recent frames in "
+            "its tick", buckets=_MS_BUCKETS, registry=r,
+        )
         self.spans_deferred = Counter(
             "contextspan_spans_deferred", "Span injections put off to a later tick: they did not fit its budget",
             registry=r,

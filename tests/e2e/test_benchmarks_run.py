@@ -31,12 +31,17 @@ def test_bench_batch_reports_every_batch_size(tmp_path: Path) -> None:
     assert report["rows"][0]["p50_vs_one_session"] == 1.0
 
 
-def test_bench_window_rolls_a_session_past_its_context_and_compares_it_with_sliding(tmp_path: Path) -> None:
+def test_bench_window_rolls_a_session_past_its_context_ahead_or_in_the_tick_and_compares_it_with_sliding(
+        tmp_path: Path) -> None:
     out = tmp_path / "window.json"
     bench("window", "--context", "96", "--frames", "110", "--paced", "30", "--json", str(out))
-    keep, slide = json.loads(out.read_text())["runs"]
-    assert keep["window"] == "keep-prefix" and keep["rolls"] > 0 and keep["roll"]["p50_ms"] > 0
-    assert keep["final_offset"] <= 96 < slide["final_offset"] and slide["rolls"] == 0
+    ahead, in_tick, slide = json.loads(out.read_text())["runs"]
+    assert ahead["refill"] == "ahead" and ahead["rolls"] > 0 and ahead["rolls_in_tick"] == 0
+    assert ahead["build_chunk"]["p50_ms"] > 0 and ahead["roll"]["p50_ms"] > 0
+    assert in_tick["refill"] == "in-tick" and in_tick["rolls"] == in_tick["rolls_in_tick"] > 0
+    for keep in (ahead, in_tick):
+        assert keep["window"] == "keep-prefix" and keep["final_offset"] <= 96 < slide["final_offset"]
+    assert slide["rolls"] == 0
 
 
 def test_bench_resume_resumes_a_killed_replicas_session_on_the_other(tmp_path: Path) -> None:

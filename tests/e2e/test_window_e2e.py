@@ -30,10 +30,12 @@ def test_a_session_longer_than_the_context_rolls_its_window_and_keeps_answering(
     settings = pinned_settings(recordings_dir=tmp_path / "rec", asr=False, window="keep-prefix",
                                persona="You are a helpful travel assistant called Ada.")
     with in_process_server(settings, load_model("tiny", context=CONTEXT)) as server:
-        assert httpx.get(f"{server.http}/readyz").json()["window"] == "keep-prefix"
+        ready = httpx.get(f"{server.http}/readyz").json()
+        assert (ready["window"], ready["window_refill"]) == ("keep-prefix", "ahead")
         audio = np.concatenate([speech, np.zeros(24_000 * 5 // 2, np.float32)])
         result = asyncio.run(stream(chat_url(server.ws, events=True), audio))
         rolls, _ = count_and_sum(server.state.metrics.window_rolls)
+        in_tick = server.state.metrics.window_rolls_in_tick._value.get()
     assert result.close_code in (None, p.CLOSE_NORMAL)
     assert_kept_pace(result, min_frames=60)
-    assert rolls >= 3
+    assert rolls >= 3 and in_tick == 0  # every window was built ahead

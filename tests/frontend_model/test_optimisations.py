@@ -72,13 +72,13 @@ def test_each_optimisation_is_active_unused_off_or_not_applicable_on_cpu() -> No
     gpu.attempt("scratch_row", lambda: None)
     assert gpu.status() == {"step_graphs": "active", "prefill_graphs": "unused",
                             "scratch_row": "off: InjectedFailure: scratch_row failed as injected",
-                            "calibration": "unused"}
+                            "calibration": "unused", "window_ahead": "unused"}
     cpu = Optimisations(cuda=False)
     for name in optimisations.OPTIMISATIONS:
         cpu.attempt(name, lambda: None)
     cpu.unused("scratch_row")
     assert cpu.status() == {"step_graphs": "not applicable (cpu)", "prefill_graphs": "not applicable (cpu)",
-                            "scratch_row": "unused", "calibration": "active"}
+                            "scratch_row": "unused", "calibration": "active", "window_ahead": "active"}
 
 
 # spans ------------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from frontend_model.engine.batch_engine import BatchEngine
 from frontend_model.engine.columns import forward_last
 from frontend_model.engine.engine import GREEDY, Engine, StepResult
 from frontend_model.engine.history import SessionHistory, replay, start_recording
-from frontend_model.engine.window import refill_window, roll_window, rotate_keys
+from frontend_model.engine.window import WindowAhead, refill_window, roll_window, rotate_keys
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.kv_ring import attention_layers
 from frontend_model.span.block import Prefix
@@ -285,7 +285,63 @@ def test_the_session_history_follows_a_refilled_window(two_layers: LoadedModel) 
         assert gap(steps(resumed, user[stepped : stepped + AFTER]), rolled) <= ATOL
 
 
-@pytest.mark.parametrize("window", ["roll", "refill"])
+def kv(model: LoadedModel, frames: int) -> list[torch.Tensor]:
+    return [attn._streaming_state.kv_cache.cache[:, 0, :, :frames].clone()
+            for attn in attention_layers(model.lm.transformer)]
+
+
+def test_a_window_built_ahead_while_the_session_steps_is_the_refilled_window(two_layers: LoadedModel) -> None:
+    """Begun three frames before the roll and fed a chunk between steps, the window swapped in holds the keys and
+    values, and gives the next logits, of `refill_window` of the same frames at the same point."""
+    prefix = persona_prefix(two_layers, "codes")
+    user = user_frames(PAST + AFTER, seed=5)
+    begun = PAST - prefix.frames - 3  # frames stepped when the build begins; three more step during it
+    results = []
+    for how in ("refill", "ahead"):
+        with Engine(two_layers, GREEDY, max_span_frames=MAX_SPAN) as engine:
+            log = start_recording(engine)
+            engine.prefill(prefix)
+            steps(engine, user[:begun])
+            if how == "ahead":
+                ahead = WindowAhead(engine, 4)
+                ahead.begin(0, prefix.frames, PAST - KEEP)
+                for frame in user[begun : begun + 3]:
+                    assert ahead.feed(4) > 0  # not caught up: the session steps on
+                    engine.step(frame)
+                assert ahead.feed(KEEP) == 0  # the rest at once, as when the roll is due
+                assert ahead.swap() == KEEP
+                ahead.close()
+            else:
+                steps(engine, user[begun : begun + 3])
+                refill_window(engine, 0, prefix.frames, log.recent(0, engine.offset, KEEP).long())
+            window = kv(two_layers, prefix.frames + KEEP)
+            results.append((window, steps(engine, user[PAST - prefix.frames : PAST - prefix.frames + AFTER])))
+    (refilled, after_refill), (built, after_build) = results
+    assert max((a - b).abs().max().item() for a, b in zip(refilled, built, strict=True)) <= 1e-5
+    assert gap(after_refill, after_build) <= ATOL
+
+
+def test_a_window_built_ahead_starts_after_the_prefix_and_goes_in_only_caught_up(two_layers: LoadedModel) -> None:
+    prefix = persona_prefix(two_layers, "codes")
+    with Engine(two_layers, GREEDY, max_span_frames=MAX_SPAN) as engine:
+        with pytest.raises(ValueError, match="start the engine recording"):
+            WindowAhead(engine, 8)
+        start_recording(engine)
+        with pytest.raises(ValueError, match="power of two"):
+            WindowAhead(engine, 12)
+        engine.prefill(prefix)
+        steps(engine, user_frames(KEEP, seed=2))
+        ahead = WindowAhead(engine, 8)
+        with pytest.raises(ValueError, match="starts between it and the offset"):
+            ahead.begin(0, prefix.frames, prefix.frames - 1)
+        ahead.begin(0, prefix.frames, prefix.frames + 2)
+        ahead.feed(8)
+        with pytest.raises(ValueError, match="fed up to"):
+            ahead.swap()
+        ahead.close()
+
+
+@pytest.mark.parametrize("window", ["roll", "refill", "ahead"])
 def test_a_window_moved_as_served_keeps_no_autograd_graph(two_layers: LoadedModel, window: str) -> None:
     """Served weights require grad (moshi's modules as loaded): a refill outside `no_grad` chained every roll's
     activations to the cache, and a long call's memory grew about 1.3 MB a second on the tiny model."""
@@ -297,8 +353,14 @@ def test_a_window_moved_as_served_keeps_no_autograd_graph(two_layers: LoadedMode
             engine.step(frame)
         if window == "roll":
             roll_window(engine, 0, prefix.frames, KEEP)
-        else:
+        elif window == "refill":
             refill_window(engine, 0, prefix.frames, log.recent(0, engine.offset, KEEP).long())
+        else:
+            ahead = WindowAhead(engine, 8)
+            ahead.begin(0, prefix.frames, engine.offset - KEEP)
+            ahead.feed(KEEP)
+            ahead.swap()
+            ahead.close()
         assert any(p.requires_grad for p in two_layers.lm.parameters())
         for attn in attention_layers(two_layers.lm.transformer):
             cache = attn._streaming_state.kv_cache.cache

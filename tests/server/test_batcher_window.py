@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -71,6 +72,7 @@ class Roll:
     token_ring: torch.Tensor
     codes: torch.Tensor | None = None  # the tick's user codes for the slot
     logits: torch.Tensor | None = None  # and its text logits
+    ahead: bool = False  # a window built ahead swapped in, not a refill in the tick
 
 
 @pytest.fixture
@@ -79,6 +81,13 @@ def batched(model: LoadedModel) -> Iterator[BatchedModel]:
     batched.start()
     yield batched
     batched.close()
+
+
+@pytest.fixture
+def ahead(batched: BatchedModel) -> BatchedModel:
+    """The batch with a shadow row that builds windows ahead, a chunk a tick, as the server starts it."""
+    batched.build_windows_ahead(POLICY.ahead_chunk(batched.slots, MAX_SPAN))
+    return batched
 
 
 def spied(batched: BatchedModel) -> list[Roll]:
@@ -106,6 +115,22 @@ def spied(batched: BatchedModel) -> list[Roll]:
 
     batched.keep_window = roll  # type: ignore[method-assign]
     engine.step_batch = step  # type: ignore[method-assign]
+    if batched.window_ahead is not None:
+        shadow = batched.window_ahead
+        swap = shadow.swap
+
+        def swapped() -> int:
+            assert shadow.build is not None and engine.recorder is not None
+            slot, prefix_frames = shadow.build.slot, shadow.build.prefix_frames
+            offset = batched.slot_offset(slot)
+            columns = engine.recorder.recent(slot, offset, shadow.build.fed).long()
+            keep = swap()
+            kv = [attn._streaming_state.kv_cache.cache[:, slot, :, : prefix_frames + keep].clone()
+                  for attn in attention_layers(batched.model.lm.transformer)]
+            rolls.append(Roll(slot, offset, keep, columns, kv, engine._state().cache[slot].clone(), ahead=True))
+            return keep
+
+        shadow.swap = swapped  # type: ignore[method-assign]
     return rolls
 
 
@@ -131,9 +156,9 @@ def fresh_matches(model: LoadedModel, prefix: Prefix, roll: Roll, span: Block | 
         assert (fresh.last_text_logits[0] - roll.logits).abs().max().item() <= 1e-5
 
 
-def batcher_for(batched: BatchedModel, window: WindowPolicy | None = POLICY) -> Batcher:
+def batcher_for(batched: BatchedModel, window: WindowPolicy | None = POLICY, metrics: Metrics | None = None) -> Batcher:
     cost = TickCost({1: 0.001, 2: 0.001}, PrefillCost(step_s=0.001, span_s={1: 0.001, MAX_SPAN: 0.001}))
-    return Batcher(batched, ModelWorker("cpu"), cost, Capacity(2, "test"), 0.080, 30.0, Metrics(), window)
+    return Batcher(batched, ModelWorker("cpu"), cost, Capacity(2, "test"), 0.080, 30.0, metrics or Metrics(), window)
 
 
 def frame(i: int, seed: int) -> InputFrame:
@@ -248,3 +273,99 @@ def test_a_resumed_session_keeps_its_prefix_when_its_window_rolls(
     resumed = [r for r in rolls if r.slot == 1]
     assert resumed and all(r.keep == CONTEXT - prefix.frames - POLICY.headroom for r in resumed)
     fresh_matches(reference, prefix, resumed[-1])
+
+
+# built ahead ------------------------------------------------------------------------------------------------------
+def count(metric: Any) -> float:
+    return sum(sample.value for family in metric.collect() for sample in family.samples
+               if sample.name.endswith(("_count", "_total")))
+
+
+def test_a_window_built_ahead_goes_in_as_a_fresh_prefill_of_the_prefix_and_the_recent_frames(
+        reference: LoadedModel, prefix: Prefix, ahead: BatchedModel) -> None:
+    rolls = spied(ahead)
+    memory = rings(ahead)
+    metrics = Metrics()
+
+    async def body(batcher: Batcher) -> list[FrameOutput]:
+        return [await batcher.step(0, frame(i, 0)) for i in range(CONTEXT + 3 * POLICY.headroom)]
+
+    serve(batcher_for(ahead, metrics=metrics), {0: prefix}, body)
+    assert len(rolls) >= 3 and all(r.ahead for r in rolls)
+    assert count(metrics.window_rolls_in_tick) == 0
+    assert count(metrics.window_build_seconds) >= 2 * len(rolls)  # each build fed over several ticks
+    start = POLICY.ahead_window_start(prefix.frames)
+    for roll in rolls:  # the frames a roll at the context keeps, or its last ones if it caught up sooner
+        assert roll.offset - roll.keep == start and roll.offset <= CONTEXT
+    assert rings(ahead) == memory  # the shadow is its own row: the session's ring is the one it was given
+    for roll in (rolls[0], rolls[-1]):
+        fresh_matches(reference, prefix, roll)
+
+
+def test_two_sessions_share_the_shadow_and_each_window_is_exact(
+        reference: LoadedModel, prefix: Prefix, ahead: BatchedModel) -> None:
+    rolls = spied(ahead)
+
+    async def body(batcher: Batcher) -> list[FrameOutput]:
+        await batcher.open(1, prefix)
+        outputs = []
+        for i in range(CONTEXT + 2 * POLICY.headroom):  # in step: both want the shadow at the same ticks
+            outputs += await asyncio.gather(batcher.step(0, frame(i, 0)), batcher.step(1, frame(i, 1)))
+        return outputs
+
+    serve(batcher_for(ahead), {0: prefix}, body)
+    first = {slot: next(r for r in rolls if r.slot == slot) for slot in (0, 1)}
+    assert any(r.ahead for r in first.values())
+    for roll in first.values():
+        fresh_matches(reference, prefix, roll)
+
+
+def test_a_span_too_long_for_the_window_built_rolls_in_its_tick_and_goes_in_after(
+        reference: LoadedModel, prefix: Prefix, ahead: BatchedModel) -> None:
+    rolls = spied(ahead)
+    chunk = ahead.window_ahead.chunk if ahead.window_ahead is not None else 0
+
+    async def body(batcher: Batcher) -> list[FrameOutput]:
+        outputs, i = [], 0
+        while batched_offset(ahead) < POLICY.ahead_start(prefix.frames, chunk):
+            outputs.append(await batcher.step(0, frame(i, 0)))
+            i += 1
+        batcher.request_span(0, SpanAnswer("The meeting is at noon in room four, bring the slides.", "kb", "test",
+                                           "when?", time.perf_counter()))
+        return [*outputs, await batcher.step(0, frame(i, 0))]
+
+    outputs = serve(batcher_for(ahead), {0: prefix}, body)
+    (span,) = outputs[-1].spans
+    assert span.injected and span.frames > POLICY.headroom
+    (roll,) = rolls
+    assert not roll.ahead and roll.keep == CONTEXT - prefix.frames - span.frames - 1
+    assert ahead.window_ahead is not None and ahead.window_ahead.build is None  # dropped: the shadow is free
+    fresh_matches(reference, prefix, roll, span.request.built.block)
+
+
+def test_a_session_that_leaves_during_its_build_frees_the_shadow_for_the_next(
+        prefix: Prefix, ahead: BatchedModel) -> None:
+    rolls = spied(ahead)
+    chunk = ahead.window_ahead.chunk if ahead.window_ahead is not None else 0
+    late = 10  # slot 0 joins this many frames after slot 1, which builds first
+
+    async def body(batcher: Batcher) -> list[FrameOutput]:
+        outputs = [await batcher.step(1, frame(i, 1)) for i in range(late)]
+        await batcher.open(0, prefix)
+        i = late
+        while batched_offset(ahead, 1) <= POLICY.ahead_start(prefix.frames, chunk):
+            outputs += await asyncio.gather(batcher.step(0, frame(i, 0)), batcher.step(1, frame(i, 1)))
+            i += 1
+        assert ahead.window_ahead is not None and ahead.window_ahead.build is not None
+        assert ahead.window_ahead.build.slot == 1
+        batcher.release(1)
+        for j in range(i, i + late + POLICY.headroom):
+            outputs.append(await batcher.step(0, frame(j, 0)))
+        return outputs
+
+    serve(batcher_for(ahead), {1: prefix}, body)
+    assert rolls and all(r.ahead and r.slot == 0 for r in rolls)
+
+
+def batched_offset(batched: BatchedModel, slot: int = 0) -> int:
+    return batched.slot_offset(slot)

@@ -36,9 +36,11 @@ def converse(ws: str) -> StreamResult:
 @pytest.mark.parametrize("name", OPTIMISATIONS)
 def test_a_server_whose_optimisation_fails_to_start_converses_and_says_why(
         name: Optimisation, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # Chunked spans: the served engine tries the chunks too, not only calibration.
+    # Chunked spans: the served engine tries the chunks too, not only calibration; windows that keep the prefix: the
+    # batch tries the shadow row that builds them ahead.
     settings = pinned_settings(recordings_dir=tmp_path, max_sessions=1, asr=False, app_spans="on",
-                               span_prefill="chunked", max_span_frames=16, fail_optimisations=[name])
+                               span_prefill="chunked", max_span_frames=16, window="keep-prefix",
+                               fail_optimisations=[name])
     with caplog.at_level(logging.INFO, logger=optimisations.__name__), in_process_server(settings) as server:
         result = converse(server.ws)
         ready = httpx.get(f"{server.http}/readyz", timeout=10)
@@ -66,6 +68,6 @@ def test_a_server_whose_optimisations_all_start_reports_them(tmp_path: Path) -> 
         status = httpx.get(f"{server.http}/readyz", timeout=10).json()["optimisations"]
         metrics = httpx.get(f"{server.http}/metrics", timeout=10).text
     assert status == {"step_graphs": "not applicable (cpu)", "prefill_graphs": "not applicable (cpu)",
-                      "scratch_row": "active", "calibration": "active"}
+                      "scratch_row": "active", "calibration": "active", "window_ahead": "unused"}
     assert 'contextspan_optimisation_active{name="scratch_row"} 1.0' in metrics
     assert 'contextspan_optimisation_active{name="step_graphs"} 0.0' in metrics

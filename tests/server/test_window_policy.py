@@ -42,3 +42,39 @@ def test_auto_keeps_the_prefix_for_the_families_trained_with_one() -> None:
     assert resolve_window("auto", prefixed_family=True) == "keep-prefix"
     assert resolve_window("auto", prefixed_family=False) == "slide"
     assert resolve_window("slide", prefixed_family=True) == "slide"
+
+
+def test_a_window_built_ahead_starts_where_a_roll_at_the_context_would_keep_from() -> None:
+    policy = WindowPolicy.for_context(3000)
+    start = policy.ahead_window_start(369)
+    assert 3000 - start == policy.usual_keep(369) == 3000 - 369 - 375
+
+
+def test_one_shadow_builds_every_slots_window_within_a_headroom() -> None:
+    policy = WindowPolicy.for_context(3000)
+    for slots in (1, 4, 8, 16):
+        chunk = policy.ahead_chunk(slots, largest=512)
+        assert chunk & (chunk - 1) == 0 and chunk >= 16
+        ticks = policy.usual_keep(0) / (chunk - 1)  # a build gains chunk - 1 frames a tick on its slot
+        assert slots * ticks <= policy.headroom
+    assert policy.ahead_chunk(64, largest=64) == 64
+
+
+def test_a_build_begun_at_its_start_catches_up_before_the_context() -> None:
+    for context, prefix, slots in ((3000, 369, 1), (3000, 369, 16), (96, 38, 2)):
+        policy = WindowPolicy.for_context(context)
+        chunk = policy.ahead_chunk(slots, largest=512)
+        offset = policy.ahead_start(prefix, chunk)
+        fed = policy.ahead_window_start(prefix)
+        while fed < offset:  # a tick: a chunk fed, then the slot's step
+            fed = min(offset, fed + chunk)
+            if fed < offset:
+                offset += 1
+        assert offset < context and policy.fits_after(offset, policy.ahead_window_start(prefix), prefix, 1)
+
+
+def test_a_built_window_goes_in_only_with_room_for_the_ticks_frames() -> None:
+    policy = WindowPolicy.for_context(96)
+    start = policy.ahead_window_start(38)
+    assert policy.fits_after(95, start, 38, 1)
+    assert not policy.fits_after(95, start, 38, 20)
