@@ -71,8 +71,16 @@ def corpus(model: LoadedModel) -> Corpus:
     return synthesise_corpus(model.mimi, "train", questions=6, chatter=2, seed=0)
 
 
+_ASSEMBLERS: dict[tuple[int, int], tuple[LoadedModel, VoicePrompt | None, Assembler]] = {}
+
+
 def assembler(model: LoadedModel, voice: VoicePrompt | None = None) -> Assembler:
-    return Assembler.for_model(model, voice)
+    """One per model and voice: each encodes a session track of every noise profile (seconds of Mimi), and draws
+    nothing of its own (the conversation's generator does). The cache holds the model and voice, so ids stay theirs."""
+    key = (id(model), id(voice))
+    if key not in _ASSEMBLERS:
+        _ASSEMBLERS[key] = (model, voice, Assembler.for_model(model, voice))
+    return _ASSEMBLERS[key][2]
 
 
 def test_a_training_turn_has_ret_after_the_question_then_the_served_span_block_then_the_answer(
