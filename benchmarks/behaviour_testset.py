@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from backend_agent.asr.resample import resample_24k_to_16k
-from backend_agent.asr.transcriber import WhisperTranscriber
+from backend_agent.asr.transcriber import Decoding, WhisperTranscriber
 from backend_agent.request import Answered, Request
 from backend_agent.router import Router
 from backend_agent.tools import build_catalogue
@@ -155,10 +155,11 @@ def wer(references: Sequence[str], hypotheses: Sequence[str]) -> float | None:
     return round(sum(word_edits(r, h) for r, h in pairs) / total, 3) if total else None
 
 
-def whisper_wer(testset: FrozenTestSet) -> dict[str, Any]:
-    """Whisper (the server's, bundled tiny.en) on every question as the server's ASR gets it: the voice's speech,
-    resampled to 16 kHz; each question's transcript, and the word error over them all."""
-    transcriber = WhisperTranscriber()
+def whisper_wer(testset: FrozenTestSet, decoding: Decoding | None = None) -> dict[str, Any]:
+    """Whisper (the server's, bundled tiny.en, decoding as served unless `decoding` says) on every question as the
+    server's ASR gets it: the voice's speech, resampled to 16 kHz; each question's transcript, and the word error over
+    them all."""
+    transcriber = WhisperTranscriber(decoding=decoding)
     rows = [{"conversation": c.id, "question": q.text,
              "heard": transcriber.transcribe(resample_24k_to_16k(say(q.text, c.voice)))}
             for c in testset.conversations for q in c.questions]

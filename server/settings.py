@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from backend_agent.asr.transcriber import DEFAULT_BEAM_SIZE
 from frontend_model.engine.optimisations import Optimisation
 
 # Docker and Swarm secrets are files here, named like the variables in lower case (`contextspan_api_keys`): a key
@@ -114,6 +115,9 @@ class ServerSettings(BaseSettings):
     asr: bool = Field(True, description="transcribe the user (retrieval needs the question)")
     asr_model: str | None = Field(None, description="faster-whisper model name or path; default: bundled tiny.en")
     asr_device: str = Field("cpu", description="device for Whisper: cpu (int8) or cuda (float16)")
+    asr_beam_size: int = Field(
+        DEFAULT_BEAM_SIZE, ge=1, le=10, description="Whisper's beam search width; 1 is greedy. 5 heard more "
+        "questions right than greedy at about the same decode time on CPU (benchmarks/asr_settings.py)")
     llm_base_url: str | None = Field(None, description="OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1; "
                                      "unset: the built-in router answers time, date, arithmetic, units, knowledge")
     llm_model: str = Field("default", description="model name sent to the LLM server")

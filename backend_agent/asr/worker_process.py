@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from backend_agent.asr.transcriber import ASRLoadError, WhisperTranscriber
+from backend_agent.asr.transcriber import DEFAULT_BEAM_SIZE, ASRLoadError, Decoding, WhisperTranscriber
 
 logger = logging.getLogger(__name__)
 NICENESS = 10  # as the tool threads (server/session/backend.py)
@@ -48,11 +48,11 @@ def _lower_priority() -> None:
         os.nice(NICENESS)
 
 
-def _load(model: str | None, device: str) -> None:
+def _load(model: str | None, device: str, beam_size: int) -> None:
     global _transcriber, _load_error
     _lower_priority()
     try:
-        _transcriber = WhisperTranscriber(model, device)
+        _transcriber = WhisperTranscriber(model, device, decoding=Decoding(beam_size=beam_size))
     except ASRLoadError as exc:
         _load_error = str(exc)
 
@@ -68,11 +68,11 @@ def transcribe(audio: np.ndarray) -> str:
     return _transcriber.transcribe(audio)
 
 
-def _start_pool(model: str | None, device: str, timeout_s: float) -> tuple[ProcessPoolExecutor, int]:
+def _start_pool(model: str | None, device: str, timeout_s: float, beam_size: int) -> tuple[ProcessPoolExecutor, int]:
     """A one-process pool with the model loaded, and the process's pid; raises ASRLoadError (and stops the pool)
     if it cannot load."""
     pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_load,
-                               initargs=(model, device))
+                               initargs=(model, device, beam_size))
     try:
         pid, error = pool.submit(_loaded).result(timeout=timeout_s)
     except Exception as exc:
@@ -93,9 +93,10 @@ class ASRProcess(Executor):
     A replacement that fails to load is retried after `RESTART_DELAYS_S`, since the cause (memory, a GPU) may pass.
     """
 
-    def __init__(self, model: str | None, device: str, timeout_s: float = 120.0) -> None:
-        self._model, self._device, self._timeout_s = model, device, timeout_s
-        pool, self.pid = _start_pool(model, device, timeout_s)
+    def __init__(self, model: str | None, device: str, timeout_s: float = 120.0,
+                 beam_size: int = DEFAULT_BEAM_SIZE) -> None:
+        self._model, self._device, self._timeout_s, self._beam_size = model, device, timeout_s, beam_size
+        pool, self.pid = _start_pool(model, device, timeout_s, beam_size)
         self._pool: ProcessPoolExecutor | None = pool
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -151,7 +152,7 @@ class ASRProcess(Executor):
         started = time.monotonic()
         for attempt in itertools.count(1):
             try:
-                pool, pid = _start_pool(self._model, self._device, self._timeout_s)
+                pool, pid = _start_pool(self._model, self._device, self._timeout_s, self._beam_size)
                 break
             except ASRLoadError as exc:
                 self.restart_error = str(exc)
@@ -169,7 +170,8 @@ class ASRProcess(Executor):
                        self.restarts)
 
 
-def start_asr_process(model: str | None, device: str, timeout_s: float = 120.0) -> ASRProcess:
+def start_asr_process(model: str | None, device: str, timeout_s: float = 120.0,
+                      beam_size: int = DEFAULT_BEAM_SIZE) -> ASRProcess:
     """The Whisper process with the model loaded; raises ASRLoadError if it cannot load (then nothing is left
     running): a server whose model is missing reports it once, rather than restarting forever."""
-    return ASRProcess(model, device, timeout_s)
+    return ASRProcess(model, device, timeout_s, beam_size)

@@ -68,7 +68,8 @@ class Backend:
         asr_process, asr_error = None, None
         if settings.asr:
             try:
-                asr_process = start_asr_process(settings.asr_model, settings.asr_device)
+                asr_process = start_asr_process(settings.asr_model, settings.asr_device,
+                                                beam_size=settings.asr_beam_size)
             except ASRLoadError as exc:
                 asr_error = str(exc)
                 logger.error("speech recognition off: %s", exc)
