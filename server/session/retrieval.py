@@ -350,13 +350,16 @@ class Retrieval:
             timings.update(result.timings_ms)
             contract = self.config.contract
             if result.answer is None:
-                if contract.abstain_text and result.outcome in ("empty", "none"):
-                    # A model trained with an abstain span says it does not know, instead of making something up.
+                asked = is_question(question)
+                if contract.abstain_text and result.outcome in ("empty", "none") and asked:
+                    # A model trained with an abstain span says it does not know, instead of making something up;
+                    # to a statement ("I had a long day."), a `<ret>` in chatter, it says nothing of the kind.
                     self.on_answer(SpanAnswer(contract.abstain_text, result.reason or "nothing found", "abstain",
                                               question, triggered, timings, result.outcome, waited_until,
                                               flight.trigger))
                     return
-                self._dropped(result.reason or "no answer", triggered, timings, question)
+                reason = result.reason or "no answer"
+                self._dropped(reason if asked else f"nothing asked ({reason})", triggered, timings, question)
                 return
             answer = result.answer
             self.store.record_tool_result(self.user_id, self.session_id, answer.tool, answer.arguments,

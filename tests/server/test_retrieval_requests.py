@@ -118,3 +118,26 @@ def test_outcomes_without_text_reach_the_session_only_for_abstain_spans(question
         assert tool in result.source
     else:
         assert isinstance(result, p.SpanDropped) and result.question == question
+
+
+@pytest.mark.parametrize(("heard", "said"), [
+    ("I had a long day at work today.", False), ("Interesting, I did not know that.", False),
+    ("Which they have the weak willow at the tomorrow.", True), ("Please tell me what is finally gonna get us.", True),
+])  # fmt: skip
+def test_the_abstain_span_answers_an_unanswered_question_and_never_a_statement(heard: str, said: bool) -> None:
+    """A `<ret>` in chatter gets no apology: "Sorry, I could not find that." after "I had a long day" is worse than
+    nothing. A misheard question still reads as one (its question word), and still gets it."""
+    async def run() -> SpanAnswer | p.SpanDropped:
+        with ThreadPoolExecutor(1) as pool:
+            session = Session(pool, "", RetrievalConfig(contract=CONTRACTS["contextspan"]))
+            session.hear(heard)
+            result = await session.ret()
+            await session.retrieval.close()
+        return result
+
+    result = asyncio.run(run())
+    if said:
+        assert isinstance(result, SpanAnswer) and (result.tool, result.text) == ("abstain", ABSTAIN_TEXT)
+    else:
+        assert isinstance(result, p.SpanDropped) and result.reason.startswith("nothing asked")
+        assert result.question == heard
