@@ -98,6 +98,7 @@ class Batcher:
         self._spans: dict[int, _SlotSpans] = {}  # slot -> its spans, while a session holds the slot
         self._arrivals: dict[int, float] = {}  # slot -> when its latest frame arrived
         self._prefix_frames: dict[int, int] = {}  # slot -> its session's prefix, kept by its window
+        self._span_starts: dict[int, int] = {}  # slot -> where its last span began, kept whole by its window
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -152,6 +153,7 @@ class Batcher:
         self._active.add(slot)
         self._spans[slot] = _SlotSpans()
         self._prefix_frames[slot] = prefix.frames if prefix is not None else 0
+        self._span_starts.pop(slot, None)
         return prefill_s
 
     async def resume(self, slot: int, history: SessionHistory, prefix: Prefix | None) -> float:
@@ -162,6 +164,7 @@ class Batcher:
         self._active.add(slot)
         self._spans[slot] = _SlotSpans()
         self._prefix_frames[slot] = prefix.frames if prefix is not None else 0
+        self._span_starts.pop(slot, None)
         return replay_s
 
     async def saved(self, slot: int) -> tuple[bytes, list[SpanAnswer]]:
@@ -186,6 +189,7 @@ class Batcher:
         self._spans.pop(slot, None)
         self._arrivals.pop(slot, None)
         self._prefix_frames.pop(slot, None)
+        self._span_starts.pop(slot, None)
         pending = self._pending.pop(slot, None)
         if pending is not None:
             pending.future.cancel()
@@ -334,6 +338,8 @@ class Batcher:
                     span_frames = span[0].built.frames if span is not None else 0
                     self._keep_window(self.window, slot, offsets[slot], span_frames)
                 outcomes[slot] = (self._slot_span(slot, *span),) if span is not None else ()
+                if outcomes[slot] and outcomes[slot][0].injected:
+                    self._span_starts[slot] = outcomes[slot][0].offsets[0]
             except Exception as exc:
                 logger.exception("slot %d failed before the tick", slot)
                 # Logged with its traceback; handed on without it: the traceback's frames (this one by f_back)
@@ -357,8 +363,15 @@ class Batcher:
     def _keep_window(self, window: WindowPolicy, slot: int, offset: int, span_frames: int) -> None:
         """Roll `slot`'s window before its span and step if they would pass the context (window_keeper.py)."""
         start = time.perf_counter()
-        work = keep_window(self.model, window, slot, offset, self._prefix_frames.get(slot, 0), span_frames + 1,
-                           lambda s: s in self._active)
+        prefix_frames = self._prefix_frames.get(slot, 0)
+        span_start = self._span_starts.get(slot)
+        work = keep_window(self.model, window, slot, offset, prefix_frames, span_frames + 1,
+                           lambda s: s in self._active, span_start)
+        if work.rolled and span_start is not None:
+            if span_start - work.shift >= prefix_frames:
+                self._span_starts[slot] = span_start - work.shift  # it moved with the window
+            else:
+                del self._span_starts[slot]
         if work.build_s is not None:
             self.metrics.window_build_seconds.observe(work.build_s)
         if work.rolled:

@@ -25,46 +25,49 @@ class WindowWork:
     rolled: bool  # the slot's cache is now [prefix + its recent frames]
     in_tick: bool  # by a prefill of all its kept frames in this tick, not a window built ahead
     build_s: float | None  # seconds spent feeding a window built ahead (None: none was fed)
+    shift: int = 0  # positions the kept frames moved back (a frame at p before the roll is at p - shift)
 
 
 def keep_window(model: BatchedModel, policy: WindowPolicy, slot: int, offset: int, prefix_frames: int,
-                incoming: int, live: Callable[[int], bool]) -> WindowWork:
+                incoming: int, live: Callable[[int], bool], span_start: int | None = None) -> WindowWork:
     """Before `slot`'s tick writes `incoming` frames (its span, then its step) at `offset`; `live(slot)` says
-    whether a session still holds a slot (a build for one that left frees the shadow)."""
+    whether a session still holds a slot (a build for one that left frees the shadow); `span_start`: where the
+    slot's last span began, kept whole where it can be (`WindowPolicy.keeps_span`)."""
     ahead, build_s = model.window_ahead, None
     if ahead is not None:
-        swapped, build_s = _build_ahead(policy, ahead, slot, offset, prefix_frames, incoming, live)
-        if swapped:
-            return WindowWork(True, False, build_s)
-    keep = policy.roll(offset, prefix_frames, incoming)
+        swapped, build_s = _build_ahead(policy, ahead, slot, offset, prefix_frames, incoming, live, span_start)
+        if swapped is not None:
+            return WindowWork(True, False, build_s, swapped - prefix_frames)
+    keep = policy.roll(offset, prefix_frames, incoming, span_start)
     if keep is None:
         return WindowWork(False, False, build_s)
     model.keep_window(slot, prefix_frames, keep)
-    return WindowWork(True, True, build_s)
+    return WindowWork(True, True, build_s, offset - keep - prefix_frames)
 
 
 def _build_ahead(policy: WindowPolicy, ahead: WindowAhead, slot: int, offset: int, prefix_frames: int,
-                 incoming: int, live: Callable[[int], bool]) -> tuple[bool, float | None]:
+                 incoming: int, live: Callable[[int], bool], span_start: int | None) -> tuple[int | None, float | None]:
     """`slot`'s window built a chunk further (begun once the slot nears the context, while the shadow is free),
-    swapped in once caught up, the rest fed at once when the roll is due: (swapped in, seconds fed)."""
+    swapped in once caught up, the rest fed at once when the roll is due: (the start of the window swapped in, or
+    None; seconds fed)."""
     build = ahead.build
     if build is not None and not live(build.slot):
         ahead.forget(build.slot)
         build = None
     if build is None:
         if not policy.keeps_prefix(prefix_frames) or offset < policy.ahead_start(prefix_frames, ahead.chunk):
-            return False, None
-        build = ahead.begin(slot, prefix_frames, policy.ahead_window_start(prefix_frames))
+            return None, None
+        build = ahead.begin(slot, prefix_frames, policy.ahead_window_start(prefix_frames, span_start))
     elif build.slot != slot:
-        return False, None
+        return None, None
     due = offset + incoming > policy.context
     start = time.perf_counter()
     left = ahead.feed(offset - build.end if due else ahead.chunk)
     build_s = time.perf_counter() - start
     if left:
-        return False, build_s
+        return None, build_s
     if not policy.fits_after(offset, build.start, prefix_frames, incoming):
         ahead.forget(slot)  # a span too long for it: the usual roll makes room
-        return False, build_s
+        return None, build_s
     ahead.swap()
-    return True, build_s
+    return build.start, build_s

@@ -53,7 +53,7 @@ class WindowPolicy:
         prefix that leaves less than the headroom cannot be kept with recent frames after it."""
         return prefix_frames > 0 and prefix_frames + self.headroom < self.context
 
-    def roll(self, offset: int, prefix_frames: int, incoming: int) -> int | None:
+    def roll(self, offset: int, prefix_frames: int, incoming: int, span_start: int | None = None) -> int | None:
         """Frames to keep when a slot at `offset` must roll before it writes `incoming` frames (its span, then its
         step); None when they fit, or when the slot cannot keep its prefix (it slides).
 
@@ -66,7 +66,7 @@ class WindowPolicy:
             return None
         fit = self.context - prefix_frames - max(self.headroom, incoming)
         if fit >= 0:
-            return fit
+            return self.keeps_span(fit, offset, prefix_frames, incoming, span_start)
         usual = self.context - prefix_frames - self.headroom
         return usual if offset - prefix_frames >= usual else None
 
@@ -82,9 +82,24 @@ class WindowPolicy:
         need = max(AHEAD_LEAST_CHUNK, math.ceil(self.usual_keep(0) * slots / self.headroom) + 1)
         return min(largest, 1 << (need - 1).bit_length())
 
-    def ahead_window_start(self, prefix_frames: int) -> int:
-        """The stream position a window built ahead starts at: the first frame a roll at the context would keep."""
-        return prefix_frames + self.headroom
+    def keeps_span(self, keep: int, offset: int, prefix_frames: int, incoming: int, span_start: int | None) -> int:
+        """`keep`, or the frames since `span_start` (the slot's last span, which the agent may still be saying) where
+        `keep` would cut its first columns: at most half a headroom more, the incoming frames still fitting. A span
+        cut at its start reads as words out of nowhere, and a small model garbles the rest of its answer."""
+        if span_start is None or span_start < prefix_frames:
+            return keep
+        whole = offset - span_start
+        if keep < whole <= keep + self.headroom // 2 and prefix_frames + whole + incoming <= self.context:
+            return whole
+        return keep
+
+    def ahead_window_start(self, prefix_frames: int, span_start: int | None = None) -> int:
+        """The stream position a window built ahead starts at: the first frame a roll at the context would keep, or
+        the slot's last span's first (`keeps_span`)."""
+        start = prefix_frames + self.headroom
+        if span_start is not None and start - self.headroom // 2 <= span_start < start:
+            return span_start
+        return start
 
     def ahead_start(self, prefix_frames: int, chunk: int) -> int:
         """The offset from which a slot's window is built ahead: early enough that `chunk` frames a tick catch up

@@ -367,5 +367,35 @@ def test_a_session_that_leaves_during_its_build_frees_the_shadow_for_the_next(
     assert rolls and all(r.ahead and r.slot == 0 for r in rolls)
 
 
+@pytest.mark.parametrize("refill", ["in-tick", "ahead"])
+def test_a_span_just_before_the_windows_start_is_kept_whole_when_the_window_rolls(
+        reference: LoadedModel, prefix: Prefix, batched: BatchedModel, refill: str) -> None:
+    """The agent may still be saying it: a roll that cut the span's first columns left a small model garbling the
+    rest (the app-span e2e test, under load)."""
+    if refill == "ahead":
+        batched.build_windows_ahead(POLICY.ahead_chunk(batched.slots, MAX_SPAN))
+    rolls = spied(batched)
+    usual_start = POLICY.ahead_window_start(prefix.frames)
+
+    async def body(batcher: Batcher) -> list[FrameOutput]:
+        outputs, i = [], 0
+        while batched_offset(batched) < usual_start - 3:
+            outputs.append(await batcher.step(0, frame(i, 0)))
+            i += 1
+        batcher.request_span(0, SpanAnswer("The meeting is at noon.", "kb", "test", "when?", time.perf_counter()))
+        while not rolls:
+            outputs.append(await batcher.step(0, frame(i, 0)))
+            i += 1
+        return outputs
+
+    outputs = serve(batcher_for(batched), {0: prefix}, body)
+    (span,) = [s for out in outputs for s in out.spans]
+    assert span.injected and span.offsets[0] == usual_start - 3
+    (roll,) = rolls
+    assert roll.ahead == (refill == "ahead")
+    assert roll.offset - roll.keep == span.offsets[0]  # kept from the span's first column
+    fresh_matches(reference, prefix, roll)
+
+
 def batched_offset(batched: BatchedModel, slot: int = 0) -> int:
     return batched.slot_offset(slot)

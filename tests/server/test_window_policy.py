@@ -78,3 +78,13 @@ def test_a_built_window_goes_in_only_with_room_for_the_ticks_frames() -> None:
     start = policy.ahead_window_start(38)
     assert policy.fits_after(95, start, 38, 1)
     assert not policy.fits_after(95, start, 38, 20)
+
+
+def test_a_span_the_window_would_cut_at_its_start_is_kept_whole_within_half_a_headroom() -> None:
+    policy = WindowPolicy.for_context(96)  # headroom 12
+    usual = policy.usual_keep(38)
+    assert policy.roll(96, 38, 1, span_start=96 - usual - 4) == usual + 4
+    assert policy.roll(96, 38, 1, span_start=96 - usual - 7) == usual  # too far back: the usual window
+    assert policy.roll(96, 38, 1, span_start=96 - usual + 3) == usual  # inside it anyway
+    assert policy.ahead_window_start(38, span_start=38 + 12 - 5) == 38 + 12 - 5
+    assert policy.ahead_window_start(38, span_start=38 + 12 - 7) == 38 + 12
