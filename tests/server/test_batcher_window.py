@@ -327,7 +327,7 @@ def test_a_span_too_long_for_the_window_built_rolls_in_its_tick_and_goes_in_afte
 
     async def body(batcher: Batcher) -> list[FrameOutput]:
         outputs, i = [], 0
-        while batched_offset(ahead) < POLICY.ahead_start(prefix.frames, chunk):
+        while ahead.slot_offset(0) < POLICY.ahead_start(prefix.frames, chunk):
             outputs.append(await batcher.step(0, frame(i, 0)))
             i += 1
         batcher.request_span(0, SpanAnswer("The meeting is at noon in room four, bring the slides.", "kb", "test",
@@ -353,7 +353,7 @@ def test_a_session_that_leaves_during_its_build_frees_the_shadow_for_the_next(
         outputs = [await batcher.step(1, frame(i, 1)) for i in range(late)]
         await batcher.open(0, prefix)
         i = late
-        while batched_offset(ahead, 1) <= POLICY.ahead_start(prefix.frames, chunk):
+        while ahead.slot_offset(1) <= POLICY.ahead_start(prefix.frames, chunk):
             outputs += await asyncio.gather(batcher.step(0, frame(i, 0)), batcher.step(1, frame(i, 1)))
             i += 1
         assert ahead.window_ahead is not None and ahead.window_ahead.build is not None
@@ -379,7 +379,7 @@ def test_a_span_just_before_the_windows_start_is_kept_whole_when_the_window_roll
 
     async def body(batcher: Batcher) -> list[FrameOutput]:
         outputs, i = [], 0
-        while batched_offset(batched) < usual_start - 3:
+        while batched.slot_offset(0) < usual_start - 3:
             outputs.append(await batcher.step(0, frame(i, 0)))
             i += 1
         batcher.request_span(0, SpanAnswer("The meeting is at noon.", "kb", "test", "when?", time.perf_counter()))
@@ -395,7 +395,3 @@ def test_a_span_just_before_the_windows_start_is_kept_whole_when_the_window_roll
     assert roll.ahead == (refill == "ahead")
     assert roll.offset - roll.keep == span.offsets[0]  # kept from the span's first column
     fresh_matches(reference, prefix, roll)
-
-
-def batched_offset(batched: BatchedModel, slot: int = 0) -> int:
-    return batched.slot_offset(slot)

@@ -96,22 +96,26 @@ def test_the_store_keeps_the_tools_real_arguments_and_a_follow_up_uses_them() ->
     assert records[1].question == "What is 16.0934 times two?"
 
 
+def one_retrieval(heard: str, contract: SpanContract) -> SpanAnswer | p.SpanDropped:
+    """What one `<ret>` after the final utterance `heard` comes to, served with `contract`."""
+    async def run() -> SpanAnswer | p.SpanDropped:
+        with ThreadPoolExecutor(1) as pool:
+            session = Session(pool, "", RetrievalConfig(contract=contract))
+            session.hear(heard)
+            result = await session.ret()
+            await session.retrieval.close()
+        return result
+
+    return asyncio.run(run())
+
+
 @pytest.mark.parametrize(("question", "outcome", "tool"), [
     ("What time is it in Atlantis?", "empty", "time_in_place"), ("Tell me a joke.", "none", ""),
 ])  # fmt: skip
 @pytest.mark.parametrize("abstain", [True, False])
 def test_outcomes_without_text_reach_the_session_only_for_abstain_spans(question: str, outcome: str, tool: str,
                                                                         abstain: bool) -> None:
-    async def run() -> SpanAnswer | p.SpanDropped:
-        with ThreadPoolExecutor(1) as pool:
-            contract = CONTRACTS["contextspan"] if abstain else SpanContract()
-            session = Session(pool, "", RetrievalConfig(contract=contract))
-            session.hear(question)
-            result = await session.ret()
-            await session.retrieval.close()
-        return result
-
-    result = asyncio.run(run())
+    result = one_retrieval(question, CONTRACTS["contextspan"] if abstain else SpanContract())
     if abstain:
         assert isinstance(result, SpanAnswer) and (result.outcome, result.tool, result.text) == (
             outcome, "abstain", ABSTAIN_TEXT)
@@ -127,15 +131,7 @@ def test_outcomes_without_text_reach_the_session_only_for_abstain_spans(question
 def test_the_abstain_span_answers_an_unanswered_question_and_never_a_statement(heard: str, said: bool) -> None:
     """A `<ret>` in chatter gets no apology: "Sorry, I could not find that." after "I had a long day" is worse than
     nothing. A misheard question still reads as one (its question word), and still gets it."""
-    async def run() -> SpanAnswer | p.SpanDropped:
-        with ThreadPoolExecutor(1) as pool:
-            session = Session(pool, "", RetrievalConfig(contract=CONTRACTS["contextspan"]))
-            session.hear(heard)
-            result = await session.ret()
-            await session.retrieval.close()
-        return result
-
-    result = asyncio.run(run())
+    result = one_retrieval(heard, CONTRACTS["contextspan"])
     if said:
         assert isinstance(result, SpanAnswer) and (result.tool, result.text) == ("abstain", ABSTAIN_TEXT)
     else:
