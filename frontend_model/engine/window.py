@@ -208,11 +208,11 @@ class WindowAhead:
         return self.build
 
     @torch.no_grad()  # served weights require grad (refill_window)
-    def feed(self, frames: int) -> int:
-        """Up to `frames` more of the build's columns, none past its slot's offset; returns the columns still to feed
-        (0: caught up)."""
+    def feed(self, frames: int, offset: int | None = None) -> int:
+        """Up to `frames` more of the build's columns, none past its slot's offset (`offset` where the caller has read
+        it: on a GPU each host read waits for the device); returns the columns still to feed (0: caught up)."""
         build = self._build()
-        offset = int(self.engine._state().offsets[build.slot])
+        offset = self._offset(build) if offset is None else offset
         n = min(frames, offset - build.end)
         if n > 0:
             columns = self._recorder().recent(build.slot, build.end + n, n).long()
@@ -221,11 +221,11 @@ class WindowAhead:
             build.fed += n
         return offset - build.end
 
-    def swap(self) -> int:
-        """The caught-up window into its slot's row, which reads its next frame right after it; returns the frames
-        kept after the prefix."""
+    def swap(self, offset: int | None = None) -> int:
+        """The caught-up window into its slot's row, which reads its next frame right after it (`offset` as for
+        `feed`); returns the frames kept after the prefix."""
         build = self._build()
-        offset = int(self.engine._state().offsets[build.slot])
+        offset = self._offset(build) if offset is None else offset
         if build.end != offset:
             raise ValueError(f"slot {build.slot} is at {offset}; its window was fed up to {build.end}")
         keep = build.fed
@@ -240,6 +240,9 @@ class WindowAhead:
         """`slot`'s session is gone or starts again: its build, if any, is dropped."""
         if self.build is not None and self.build.slot == slot:
             self.build = None
+
+    def _offset(self, build: Build) -> int:
+        return int(self.engine._state().offsets[build.slot])
 
     def _build(self) -> Build:
         if self.build is None:

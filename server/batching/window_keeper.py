@@ -62,12 +62,12 @@ def _build_ahead(policy: WindowPolicy, ahead: WindowAhead, slot: int, offset: in
         return None, None
     due = offset + incoming > policy.context
     start = time.perf_counter()
-    left = ahead.feed(offset - build.end if due else ahead.chunk)
+    left = ahead.feed(offset - build.end if due else ahead.chunk, offset)
     build_s = time.perf_counter() - start
     if left:
         return None, build_s
     if not policy.fits_after(offset, build.start, prefix_frames, incoming):
         ahead.forget(slot)  # a span too long for it: the usual roll makes room
         return None, build_s
-    ahead.swap()
+    ahead.swap(offset)
     return build.start, build_s

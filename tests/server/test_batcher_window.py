@@ -119,12 +119,14 @@ def spied(batched: BatchedModel) -> list[Roll]:
         shadow = batched.window_ahead
         swap = shadow.swap
 
-        def swapped() -> int:
+        def swapped(offset: int | None = None) -> int:
             assert shadow.build is not None and engine.recorder is not None
             slot, prefix_frames = shadow.build.slot, shadow.build.prefix_frames
-            offset = batched.slot_offset(slot)
+            read = batched.slot_offset(slot)
+            assert offset in (None, read)  # what the keeper read once for the tick
+            offset = read
             columns = engine.recorder.recent(slot, offset, shadow.build.fed).long()
-            keep = swap()
+            keep = swap(offset)
             kv = [attn._streaming_state.kv_cache.cache[:, slot, :, : prefix_frames + keep].clone()
                   for attn in attention_layers(batched.model.lm.transformer)]
             rolls.append(Roll(slot, offset, keep, columns, kv, engine._state().cache[slot].clone(), ahead=True))
