@@ -39,7 +39,7 @@ _LEADING = re.compile(rf"^(?:(?:{_GREETING}|{_FILLER_WORD})(?:[\s,.!:;]+|$))+", 
 _LEADING_LEAD_IN = re.compile(rf"^{_LEAD_IN}(?:[\s,:;]+|$)", re.IGNORECASE)
 _TRAILING = re.compile(
     rf"(?:[\s,;-]*\b(?:{_THANKS}|please|(?:if|when) you (?:can|could|know|get a chance)|if you don'?t mind"
-    r"|for me))+[\s.!,]*$",
+    r"|for me))+[\s.!?,]*$",
     re.IGNORECASE,
 )
 _INNER_FILLER = re.compile(r"(?:,\s*|\s+)\b(?:um+|uh+|erm|er|hmm+)\b,?", re.IGNORECASE)

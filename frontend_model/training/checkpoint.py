@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from moshi.models import loaders
 
-from backend_agent import request, router
+from backend_agent import question, request, router
 from backend_agent.tools import arithmetic, clock, date, numbers, places, time_in_place, unit_conversion
 from frontend_model.loading import tiny_files
 from frontend_model.loading.checkpoint.files import CONTEXT_SPANNING_WEIGHTS, OWN_CONFIG
@@ -41,10 +41,10 @@ from server.wire import leveller
 VOICE_NAME = "agent"
 REPORT = "training.json"
 PREFIX = "contextspan-tiny-"
-# Every module whose code shapes the training data or the weights (the router and its tools write the spans; the
-# server's leveller shapes the user's audio).
+# Every module whose code shapes the training data or the weights (the router, its question finder and its tools write
+# the spans; the server's leveller shapes the user's audio).
 _SOURCES = (convention, block, build, config, normaliser, tiny_files, data, recipes, served, speech, trainer, router,
-            request, arithmetic, clock, date, numbers, places, time_in_place, unit_conversion, leveller)
+            question, request, arithmetic, clock, date, numbers, places, time_in_place, unit_conversion, leveller)
 
 
 def cache_key(train_config: TrainConfig) -> str:

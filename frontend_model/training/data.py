@@ -65,6 +65,9 @@ LEAD_FRAMES = 10  # the room before speech, from a session's start: the leveller
 TAIL_FRAMES = 6  # the room after speech kept with the utterance: the codec's decay into steady silence
 AFTER_FRAMES = 24  # the room after that, as the leveller holds the speech's gain then returns to the room's
 SILENCE_FRAMES = 240  # a profile's session track: a quiet microphone's codes from a session's start
+# Session tracks of each room: with one, the model learnt that room's noise by heart and asked in the same room drawn
+# with another seed (20-40 `<ret>` a minute in a development probe; none in digital silence or the faint hiss).
+ROOM_TAKES = 8
 # The trained checkpoint's default persona: with the voice prompt (8 frames), the two silences and the `<system>`
 # markers (8 tokens each), its prefix is 38 frames, well inside the 96-frame attention context (tested; the
 # reference's persona took 294).
@@ -239,11 +242,14 @@ class Assembler:
 
     def __init__(self, tokenizer: sentencepiece.SentencePieceProcessor, span: SpanConfig, delays: list[int],
                  initial: torch.Tensor, voice: VoicePrompt | None,
-                 user_silence: torch.Tensor | tuple[torch.Tensor, ...], default_persona: str = TRAINED_PERSONA) -> None:
+                 user_silence: torch.Tensor | tuple[torch.Tensor | tuple[torch.Tensor, ...], ...],
+                 default_persona: str = TRAINED_PERSONA) -> None:
         self.tokenizer = tokenizer
-        tracks = (user_silence,) if isinstance(user_silence, torch.Tensor) else tuple(user_silence)
-        self.tracks = tuple(track.to(torch.long) for track in tracks)  # per noise profile (`served.PROFILES`)
-        self.user_silence = self.tracks[0]
+        profiles = (user_silence,) if isinstance(user_silence, torch.Tensor) else tuple(user_silence)
+        # Per noise profile (`served.PROFILES`), one or more session tracks: a room's noise drawn afresh each time.
+        self.tracks = tuple(tuple(t.to(torch.long) for t in ((track,) if isinstance(track, torch.Tensor) else track))
+                            for track in profiles)
+        self.user_silence = self.tracks[0][0]
         self.span = span
         self.delays = delays
         self.initial = initial.tolist()  # LMGen's initial token of each row
@@ -252,12 +258,14 @@ class Assembler:
         self.forbidden = non_text_ids(tokenizer, span)
         self.silence = torch.tensor(span.silence_codes, dtype=torch.long)
 
-    def quiet(self, frames: int, at: int = 0, profile: int = 0) -> torch.Tensor:
+    def quiet(self, frames: int, at: int = 0, profile: int = 0, take: int = 0) -> torch.Tensor:
         """Live frames `at`.. where nobody speaks: text pad, the silence codes on the agent rows and, on the user rows,
         what the codec makes of a quiet microphone in the profile's room that many frames into a session, as served
         (`served_silence`: not the placeholder codes, which stand in for silence inside spans only; a model trained
-        on those would hear something else while it answers). Past its track, the second half of it again."""
-        track = self.tracks[profile if profile < len(self.tracks) else 0]
+        on those would hear something else while it answers). Past its track, the second half of it again. `take`
+        picks one of the profile's tracks (a room's noise is never the same twice)."""
+        takes = self.tracks[profile if profile < len(self.tracks) else 0]
+        track = takes[take % len(takes)]
         length = track.shape[1]
         settled = length // 2
         index = torch.arange(at, at + frames)
@@ -298,9 +306,11 @@ class Assembler:
     def for_model(cls, model: LoadedModel, voice: VoicePrompt | None,
                   default_persona: str = TRAINED_PERSONA) -> Assembler:
         """The assembler of `model`'s tokenizer, span ids, delays and codec, with `voice` in its persona prefixes and
-        a session track of every noise profile."""
+        session tracks of every noise profile: `ROOM_TAKES` of each room (digital silence has one)."""
         lm = model.lm
-        tracks = tuple(served_silence(model.mimi, profile=profile, seed=i) for i, profile in enumerate(PROFILES))
+        tracks = tuple(tuple(served_silence(model.mimi, profile=profile, seed=i + len(PROFILES) * take)
+                             for take in range(1 if profile.rms <= 0 else ROOM_TAKES))
+                       for i, profile in enumerate(PROFILES))
         return cls(model.tokenizer, model.span, list(lm.delays), lm._get_initial_token()[0, :, 0].cpu(), voice,
                    tracks, default_persona)
 
@@ -322,6 +332,7 @@ class Assembler:
         or (`NOISE_ONLY_SHARE`) the room and chatter only. `window` keeps the last columns only (training cost), as a
         long session's window reads them."""
         profile = draw_profile(rng)
+        take = rng.randrange(len(self.tracks[profile])) if profile < len(self.tracks) else 0
         questions, chatter, follow_ups = corpus.by_profile[profile]
         prefix = self.prefix(rng) if rng.random() < 0.7 else None
         a = self.span.agent_codebooks
@@ -339,7 +350,7 @@ class Assembler:
 
         def room(frames: int) -> None:
             nonlocal after
-            quiet = self.quiet(max(frames, 0), at, profile)
+            quiet = self.quiet(max(frames, 0), at, profile, take)
             if after is not None:
                 laid = min(quiet.shape[1], after.shape[1])
                 quiet[1 + a:, :laid] = after[:, :laid]

@@ -166,14 +166,20 @@ def draw_exchange(rng: random.Random, split: Split) -> Exchange:
     template = rng.choice(_TEMPLATES[split][kind])
     if kind == "time":
         cities = _TRAIN_CITIES if split == "train" else _HELD_OUT_CITIES
-        return Exchange(kind, template.format(city=rng.choice(cities)))
+        return Exchange(kind, asked(template.format(city=rng.choice(cities))))
     if kind == "math":
         a, b = _operands(rng, split)
-        return Exchange(kind, template.format(a=a, op=rng.choice(_OPERATIONS), b=b))
+        return Exchange(kind, asked(template.format(a=a, op=rng.choice(_OPERATIONS), b=b)))
     if kind == "units":
         frm, to = rng.choice(_UNITS)
-        return Exchange(kind, template.format(value=rng.randint(2, 40), frm=frm, to=to))
-    return Exchange(kind, template)
+        return Exchange(kind, asked(template.format(value=rng.randint(2, 40), frm=frm, to=to)))
+    return Exchange(kind, asked(template))
+
+
+def asked(text: str) -> str:
+    """A question as people say it: with a question's intonation (espeak-ng and flite read it from the `?`), as
+    statements end with a statement's."""
+    return f"{text}?"
 
 
 def follow_up_kinds(split: Split) -> tuple[str, ...]:
@@ -185,7 +191,7 @@ def draw_follow_up(rng: random.Random, split: Split, kind: str) -> str:
     """A follow-up of a question of `kind` (one of `follow_up_kinds`): it asks again with one thing changed."""
     template = rng.choice(_FOLLOW_UPS[split][kind])
     cities = _TRAIN_CITIES if split == "train" else _HELD_OUT_CITIES
-    return template.format(city=rng.choice(cities), b=_operands(rng, split)[1], value=rng.randint(2, 40))
+    return asked(template.format(city=rng.choice(cities), b=_operands(rng, split)[1], value=rng.randint(2, 40)))
 
 
 def tool_answer(rng: random.Random) -> str:

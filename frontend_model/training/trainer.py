@@ -73,7 +73,7 @@ class TrainConfig:
     max_gap: int = 30  # frames between `<ret>` and the span, at most (2.4 s: the server's deadline is 2.5 s)
     max_turns: int = 3  # turns a conversation has, at most: follow-ups, questions while the agent answers
     train_questions: int = 1500  # distinct spoken questions: with a few hundred, `<ret>` learns them by heart
-    train_chatter: int = 300
+    train_chatter: int = 600
     train_follow_ups: int = 300
     slip: float = 0.1  # share of the agent's own answer tokens replaced in its input by another of the span's
     threads: int = 1

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,21 @@ def test_bench_load_compares_both_protocols_side_by_side(tmp_path: Path) -> None
         assert row["kbytes_per_s_up"] > 0 and row["kbytes_per_s_down"] > 0 and row["client_lag_ms"]["p50"] > 0
     # Base64 PCM16 (48 kB/s of samples, 4/3 of that in base64) against Opus: more bytes, whatever the host's speed.
     assert report["protocols"]["realtime"]["kbytes_per_s_up"] > 4 * report["protocols"]["moshi"]["kbytes_per_s_up"]
+
+
+def test_bench_asks_reports_every_room_statements_and_questions_and_a_lower_ret_logit_asks_less(
+        tmp_path: Path) -> None:
+    from frontend_model.training.served import PROFILES
+
+    out = tmp_path / "asks.json"
+    bench("asks", "--statements", "2", "--questions", "2", "--follow-ups", "1", "--json", str(out))
+    report = json.loads(out.read_text())
+    assert report["set"].startswith("development")
+    rows = report["rows"]
+    assert rows[0]["ret_logit_shift"] == 0 and all(a["ret_logit_shift"] > b["ret_logit_shift"]
+                                                   for a, b in pairwise(rows))
+    for row in rows:
+        assert list(row["rets_per_min_by_room"]) == [p.name for p in PROFILES]
+        assert 0 <= row["asks_per_statement"] <= 1 and 0 <= row["questions_asked"] <= 1
+    for key in ("rets_per_min_rooms", "asks_per_statement", "questions_asked", "follow_ups_asked"):
+        assert all(a[key] >= b[key] for a, b in pairwise(rows)), key

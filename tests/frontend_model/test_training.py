@@ -31,6 +31,7 @@ from frontend_model.training.data import (
     PAD_WEIGHT,
     RET_OFFSETS,
     RET_WEIGHT,
+    ROOM_TAKES,
     TRAINED_PERSONA,
     Assembler,
     Corpus,
@@ -346,10 +347,12 @@ def test_noise_profiles_render_the_same_for_a_seed_and_each_room_differs(model: 
 # A fake corpus's user codes, plus the profile: a question's, a follow-up's, chatter's, the room's after them, the
 # first frame of a question (or follow-up) and of chatter.
 TRACK, ASKED, FOLLOWED, SAID, AFTER, ASKS, SAYS = 1800, 1850, 1870, 1900, 1950, 1980, 1990
+TAKE = 1700  # a track's second user codebook: which take of its room
 
 
-def fake_corpus(model: LoadedModel) -> tuple[Assembler, Corpus]:
-    """An assembler whose profiles' tracks and a corpus whose utterances carry codes that say what they are."""
+def fake_corpus(model: LoadedModel, takes: int = 1) -> tuple[Assembler, Corpus]:
+    """An assembler whose profiles' tracks (`takes` of each room) and a corpus whose utterances carry codes that say
+    what they are."""
     user = model.lm.n_q - model.span.agent_codebooks
 
     def codes(value: int, frames: int) -> torch.Tensor:
@@ -365,7 +368,12 @@ def fake_corpus(model: LoadedModel) -> tuple[Assembler, Corpus]:
     follow_ups = tuple(Question(utterance(FOLLOWED, p, 10), kind) for p in profiles for kind in ("time", "math"))
     chatter = tuple(utterance(SAID, p, 15) for p in profiles)
     lm = model.lm
-    tracks = tuple(codes(TRACK + p, 240) for p in profiles)
+    def take(profile: int, index: int) -> torch.Tensor:
+        track = codes(TRACK + profile, 240)
+        track[1] = TAKE + index
+        return track
+
+    tracks = tuple(tuple(take(p, t) for t in range(takes)) for p in profiles)
     assembler = Assembler(model.tokenizer, model.span, list(lm.delays), lm._get_initial_token()[0, :, 0].cpu(), None,
                           tracks)
     return assembler, Corpus("train", questions, chatter, follow_ups)
@@ -387,6 +395,29 @@ def test_a_conversation_is_in_one_profile_s_room_its_quiet_stretches_from_that_p
         assert TRACK + profile in codes
         assert codes <= {c + profile for c in (TRACK, ASKED, FOLLOWED, SAID, AFTER, ASKS, SAYS)}
     assert len(seen) >= 4
+
+
+def test_a_conversation_hears_one_take_of_its_room_and_conversations_hear_every_take(model: LoadedModel) -> None:
+    """A room's noise is drawn afresh: trained on one take of each room, the model learnt it by heart and asked 20-40
+    times a minute in the same room drawn with another seed (`bench asks`)."""
+    assembler, corpus = fake_corpus(model, takes=3)
+    row = 2 + model.span.agent_codebooks  # the user's second codebook
+    heard: dict[int, set[int]] = {}
+    for seed in range(80):
+        sequence = assembler.conversation(random.Random(seed), corpus, 8, 3)
+        user = 1 + model.span.agent_codebooks
+        codes = {int(c) for c in sequence.columns[user]} - {model.span.sine_codes[0], assembler.initial[user]}
+        (profile,) = {c % 10 for c in codes}
+        takes = {int(c) - TAKE for c in sequence.columns[row] if TAKE <= c < TAKE + 3}
+        assert len(takes) == 1, takes
+        heard.setdefault(profile, set()).update(takes)
+    assert sum(len(takes) == 3 for takes in heard.values()) >= 3, heard
+
+
+def test_a_room_has_several_takes_and_digital_silence_one(model: LoadedModel) -> None:
+    tracks = assembler(model).tracks
+    assert [len(takes) for takes in tracks] == [1 if p.rms <= 0 else ROOM_TAKES for p in PROFILES]
+    assert all(not torch.equal(takes[0], takes[1]) for takes in tracks[1:])
 
 
 def test_multi_turn_conversations_ret_after_every_question_and_never_after_chatter(model: LoadedModel) -> None:

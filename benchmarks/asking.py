@@ -1,0 +1,168 @@
+"""`contextspan bench asks`: when a trained checkpoint asks (`<ret>`), offline, on a development set.
+
+Why: served, the trained tiny model asked 13-19 times a minute in the frozen test set's chatter and room noise. This
+says where, in seconds and without a server: each frame's chance of `<ret>` as a session samples it (the
+checkpoint's text temperature and top-k), teacher-forced on a window as a rolled window reads it (the persona prefix,
+then the most recent frames, `KEPT` of them), the agent silent. Summed over frames, it is the expected number of asks:
+- rooms: every training noise profile (`served.PROFILES`) drawn with seeds training never used, as served; `<ret>` a
+  minute per room;
+- chatter: held-out statements (`recipes` "held_out"), in the held-out and training voices, each in a room, and the
+  room after it: the chance of at least one `<ret>` per statement;
+- questions: held-out phrasings and follow-ups, the same way: the chance of `<ret>` within `ASK_FRAMES` of the
+  question's end (training puts it 1-4 frames after).
+
+Each also with the `<ret>` logit shifted down (`SHIFTS`): if a served threshold could cut asks in noise and chatter
+and keep them after questions, it shows here. A development set, never the test set: its numbers are labelled so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.report import machine_info, save_json
+from frontend_model.frame import FRAME_S
+from frontend_model.loading.loader import LoadedModel, load_model
+from frontend_model.moshi_internals.row_sampling import SamplingConfig
+from frontend_model.span.build import build_prefix
+from frontend_model.span.convention import Conversation, assemble
+from frontend_model.training.checkpoint import VOICE_NAME
+from frontend_model.training.data import TRAINED_PERSONA, Assembler, Utterance, served_silence, speak_and_encode
+from frontend_model.training.recipes import HELD_OUT_VOICES, TRAIN_VOICES, draw_chatter, draw_exchange, draw_follow_up
+from frontend_model.training.served import PROFILES
+from frontend_model.training.speech import Voice
+from frontend_model.training.trainer import TrainConfig
+
+DEFAULT_OUT = Path("benchmarks/results/asks-tiny-contextspan-cpu.json")
+KEPT = 57  # live frames a rolled window of the trained model keeps after its prefix (96-frame context)
+ROOM_FRAMES = 600
+ASK_FRAMES = 6
+LEAD_FRAMES = 8
+SHIFTS = (0.0, -math.log(2), -math.log(5), -math.log(10))
+
+
+class Windows:
+    """The model's `<ret>` chances on windows of [the default persona prefix + live frames]."""
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+        voice = model.voice_prompts[VOICE_NAME]
+        self.assembler = Assembler.for_model(model, voice)
+        self.prefix = build_prefix(TRAINED_PERSONA, model.tokenizer, model.span, voice, list(model.lm.delays),
+                                   self.assembler.forbidden)
+        sampling = SamplingConfig()
+        self.temperature, self.top_k = sampling.temp_text, sampling.top_k_text
+        self.suppressed = sorted(model.suppressed_text_ids)
+
+    @torch.no_grad()
+    def logits(self, user: torch.Tensor) -> torch.Tensor:
+        """[frames, vocabulary]: the text logits that predict each live frame's text, `user` codes [codebooks, frames]
+        under a silent agent."""
+        span, frames = self.model.span, user.shape[1]
+        quiet = self.assembler.quiet(frames)
+        a = span.agent_codebooks
+        conversation = Conversation(quiet[0], quiet[1:1 + a], user.to(torch.long), prefix=self.prefix)
+        columns = self.assembler.layout(assemble(conversation, span), []).columns
+        _, logits = self.model.lm.forward_text(columns[None, :, :-1])
+        return logits[0, 0, -frames:].float()
+
+    def ret_chance(self, logits: torch.Tensor, shift: float) -> torch.Tensor:
+        """Per frame, the chance a session samples `<ret>` (its temperature and top-k), the logit shifted."""
+        x = logits.clone()
+        if self.suppressed:
+            x[:, self.suppressed] = float("-inf")
+        x[:, self.model.span.ret_id] += shift
+        top = torch.topk(x / self.temperature, self.top_k, dim=-1)
+        kept = torch.full_like(x, float("-inf")).scatter(-1, top.indices, top.values)
+        return torch.softmax(kept, -1)[:, self.model.span.ret_id]
+
+    def around(self, utterance: Utterance) -> tuple[torch.Tensor, int]:
+        """Logits of the room, the utterance and the room after it (the last `KEPT` frames); the speech's end."""
+        track = self.assembler.tracks[utterance.profile][0]
+        user = torch.cat([track[:, 60:60 + LEAD_FRAMES], utterance.codes, utterance.after], dim=1)
+        end = LEAD_FRAMES + utterance.speech_frames
+        cut = max(0, user.shape[1] - KEPT)
+        return self.logits(user[:, cut:]), end - cut
+
+
+def spoken(model: LoadedModel, texts: list[str], rng: random.Random, seed: int) -> list[Utterance]:
+    """Each text in a held-out or training voice, in a room drawn for it, as served."""
+    voices = (*HELD_OUT_VOICES, *TRAIN_VOICES)
+    lines = [(text, Voice(rng.choice(voices), rng.randint(130, 190), rng.randint(35, 70)), rng.uniform(0.3, 1.3))
+             for text in texts]
+    return speak_and_encode(model.mimi, lines, profiles=[rng.randrange(len(PROFILES)) for _ in lines], seed=seed)
+
+
+def measure(model: LoadedModel, statements: int, questions: int, follow_ups: int, seed: int) -> dict[str, object]:
+    windows = Windows(model)
+    rng = random.Random(seed)
+    rooms = {}
+    for i, profile in enumerate(PROFILES):
+        track = served_silence(model.mimi, ROOM_FRAMES, profile, seed=10_000 + seed + i)
+        rooms[profile.name] = [windows.logits(track[:, s:s + KEPT]) for s in range(0, ROOM_FRAMES - KEPT + 1, KEPT)]
+    said = spoken(model, [draw_chatter(rng, "held_out") for _ in range(statements)], rng, seed + 1)
+    asked = spoken(model, [draw_exchange(rng, "held_out").question for _ in range(questions)]
+                   + [draw_follow_up(rng, "held_out", rng.choice(("time", "math"))) for _ in range(follow_ups)],
+                   rng, seed + 2)
+    chatter = [windows.around(u)[0] for u in said]
+    hazards = [logits[end:end + ASK_FRAMES] for logits, end in (windows.around(u) for u in asked)]
+
+    def at_least_one(chances: torch.Tensor) -> float:
+        return 1 - float(torch.prod(1 - chances))
+
+    rows = []
+    for shift in SHIFTS:
+        per_room = {name: float(torch.cat([windows.ret_chance(x, shift) for x in logits]).mean()) * 60 / FRAME_S
+                    for name, logits in rooms.items()}
+        recall = [at_least_one(windows.ret_chance(x, shift)) for x in hazards]
+        rows.append({"ret_logit_shift": round(shift, 3),
+                     "rets_per_min_by_room": {name: round(v, 1) for name, v in per_room.items()},
+                     "rets_per_min_rooms": round(statistics.fmean(per_room.values()), 1),
+                     "asks_per_statement": round(statistics.fmean(
+                         at_least_one(windows.ret_chance(x, shift)) for x in chatter), 3),
+                     "questions_asked": round(statistics.fmean(recall[:questions]), 3),
+                     "follow_ups_asked": round(statistics.fmean(recall[questions:]), 3)})
+    return {"statements": statements, "questions": questions, "follow_ups": follow_ups, "rows": rows}
+
+
+def table(rows: list[dict]) -> str:
+    names = list(rows[0]["rets_per_min_by_room"])
+    lines = [f"| `<ret>` logit shift | {' | '.join(f'{n} /min' for n in names)} | asks per statement | questions "
+             f"asked | follow-ups asked |", "|---" * (len(names) + 4) + "|"]
+    lines += [f"| {r['ret_logit_shift']:+.2f} | {' | '.join(str(r['rets_per_min_by_room'][n]) for n in names)} | "
+              f"{r['asks_per_statement']:.0%} | {r['questions_asked']:.0%} | {r['follow_ups_asked']:.0%} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from frontend_model.training.released import tiny_contextspan_checkpoint
+
+    parser = argparse.ArgumentParser(prog="contextspan bench asks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=Path, default=None, help="default: the trained tiny model (cache)")
+    parser.add_argument("--statements", type=int, default=40)
+    parser.add_argument("--questions", type=int, default=40)
+    parser.add_argument("--follow-ups", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    checkpoint = args.checkpoint or tiny_contextspan_checkpoint(TrainConfig())
+    started = time.monotonic()
+    model = load_model("contextspan", str(checkpoint), device="cpu", dtype=torch.float32)
+    result = measure(model, args.statements, args.questions, args.follow_ups, args.seed)
+    print(table(result["rows"]))
+    save_json(args.json, {"machine": machine_info("cpu"), "set": "development (held-out recipes, not the test set)",
+                          "checkpoint": checkpoint.name, "seed": args.seed,
+                          "seconds": round(time.monotonic() - started), **result})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
