@@ -83,6 +83,7 @@ def test_answers(router: Router, question: str, tool: str, text: str) -> None:
         ("Hi, um, can you tell me what's fifteen percent of eighty?", "arithmetic", "15 percent of 80 is 12."),
         ("So I was doing my taxes. What is 250 divided by 4? Thanks.", "arithmetic", "250 divided by 4 is 62.5."),
         ("Okay. What's, uh, nine plus ten?", "arithmetic", "9 plus 10 is 19."),
+        ("Um, calculate 38 times 5 for me?", "arithmetic", "38 times 5 is 190."),
         # unit conversion
         ("Hey there! How many kilometres are in ten miles? That's all.", "unit_conversion",
          "10 miles is 16.0934 kilometres."),
@@ -92,6 +93,7 @@ def test_answers(router: Router, question: str, tool: str, text: str) -> None:
          "2 pounds is 907.185 grams."),
         ("Hello. Convert 100 fahrenheit to celsius for me.", "unit_conversion",
          "100 degrees fahrenheit is 37.7778 degrees celsius."),
+        ("Convert 12 miles into kilometres, please?", "unit_conversion", "12 miles is 19.3121 kilometres."),
     ],
 )  # fmt: skip
 def test_answers_the_question_inside_a_whole_utterance(router: Router, utterance: str, tool: str, text: str) -> None:
