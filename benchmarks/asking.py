@@ -11,8 +11,10 @@ then the most recent frames, `KEPT` of them), the agent silent. Summed over fram
 - questions: held-out phrasings and follow-ups, the same way: the chance of `<ret>` within `ASK_FRAMES` of the
   question's end (training puts it 1-4 frames after).
 
-Each also with the `<ret>` logit shifted down (`SHIFTS`): if a served threshold could cut asks in noise and chatter
-and keep them after questions, it shows here. A development set, never the test set: its numbers are labelled so.
+And where in a window the rooms' asks fall (`<ret>` a minute by ten frames after the prefix, the mean of the six
+profiles, each session's first window left out). Each also with the `<ret>` logit shifted down (`SHIFTS`): if a
+served threshold could cut asks in noise and chatter and keep them after questions, it shows here. A development set,
+never the test set: its numbers are labelled so.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ DEFAULT_OUT = Path("benchmarks/results/asks-tiny-contextspan-cpu.json")
 KEPT = 57  # live frames a rolled window of the trained model keeps after its prefix (96-frame context)
 ROOM_FRAMES = 600
 ASK_FRAMES = 6
+BUCKET = 10
 LEAD_FRAMES = 8
 SHIFTS = (0.0, -math.log(2), -math.log(5), -math.log(10))
 
@@ -116,6 +119,9 @@ def measure(model: LoadedModel, statements: int, questions: int, follow_ups: int
     def at_least_one(chances: torch.Tensor) -> float:
         return 1 - float(torch.prod(1 - chances))
 
+    # Where in a window the rooms' asks fall, unshifted: `<ret>` a minute by `BUCKET` frames after the prefix.
+    chances = torch.stack([windows.ret_chance(x, 0.0) for logits in rooms.values() for x in logits[1:]])
+    by_frame = [round(float(chances[:, lo:lo + BUCKET].mean()) * 60 / FRAME_S, 1) for lo in range(0, KEPT, BUCKET)]
     rows = []
     for shift in SHIFTS:
         per_room = {name: float(torch.cat([windows.ret_chance(x, shift) for x in logits]).mean()) * 60 / FRAME_S
@@ -128,7 +134,8 @@ def measure(model: LoadedModel, statements: int, questions: int, follow_ups: int
                          at_least_one(windows.ret_chance(x, shift)) for x in chatter), 3),
                      "questions_asked": round(statistics.fmean(recall[:questions]), 3),
                      "follow_ups_asked": round(statistics.fmean(recall[questions:]), 3)})
-    return {"statements": statements, "questions": questions, "follow_ups": follow_ups, "rows": rows}
+    return {"statements": statements, "questions": questions, "follow_ups": follow_ups, "rows": rows,
+            "rooms_rets_per_min_by_frame": {"bucket_frames": BUCKET, "rets_per_min": by_frame}}
 
 
 def table(rows: list[dict]) -> str:
@@ -158,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model("contextspan", str(checkpoint), device="cpu", dtype=torch.float32)
     result = measure(model, args.statements, args.questions, args.follow_ups, args.seed)
     print(table(result["rows"]))
+    print(f"rooms, `<ret>` a minute by {BUCKET} frames after the prefix (a session's first window left out): "
+          f"{result['rooms_rets_per_min_by_frame']['rets_per_min']}")
     save_json(args.json, {"machine": machine_info("cpu"), "set": "development (held-out recipes, not the test set)",
                           "checkpoint": checkpoint.name, "seed": args.seed,
                           "seconds": round(time.monotonic() - started), **result})
