@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import machine_info, save_json
+from benchmarks.report import add_trained_checkpoint_flag, machine_info, save_json, trained_checkpoint
 from frontend_model.frame import FRAME_S
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.moshi_internals.row_sampling import SamplingConfig
@@ -39,7 +39,6 @@ from frontend_model.training.data import TRAINED_PERSONA, Assembler, Utterance, 
 from frontend_model.training.recipes import HELD_OUT_VOICES, TRAIN_VOICES, draw_chatter, draw_exchange, draw_follow_up
 from frontend_model.training.served import PROFILES
 from frontend_model.training.speech import Voice
-from frontend_model.training.trainer import TrainConfig
 
 DEFAULT_OUT = Path("benchmarks/results/asks-tiny-contextspan-cpu.json")
 KEPT = 57  # live frames a rolled window of the trained model keeps after its prefix (96-frame context)
@@ -149,18 +148,16 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from frontend_model.training.released import tiny_contextspan_checkpoint
-
     parser = argparse.ArgumentParser(prog="contextspan bench asks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, default=None, help="default: the trained tiny model (cache)")
+    add_trained_checkpoint_flag(parser)
     parser.add_argument("--statements", type=int, default=40)
     parser.add_argument("--questions", type=int, default=40)
     parser.add_argument("--follow-ups", type=int, default=12)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    checkpoint = args.checkpoint or tiny_contextspan_checkpoint(TrainConfig())
+    checkpoint = trained_checkpoint(args.checkpoint)
     started = time.monotonic()
     model = load_model("contextspan", str(checkpoint), device="cpu", dtype=torch.float32)
     result = measure(model, args.statements, args.questions, args.follow_ups, args.seed)

@@ -44,7 +44,7 @@ from backend_agent.router import Router
 from backend_agent.tools import build_catalogue
 from backend_agent.tools.numbers import replace_number_words
 from benchmarks.harness import StreamResult, start_server, stop_server, stream
-from benchmarks.report import machine_info, save_json
+from benchmarks.report import add_trained_checkpoint_flag, machine_info, save_json, trained_checkpoint
 from contextspan_client import TryAgain, chat_url
 from frontend_model.frame import FRAME_S, SAMPLE_RATE
 from frontend_model.span.contract import CONTRACTS
@@ -312,12 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.behaviour_long import long_table, run_long
     from benchmarks.behaviour_testset import TURN_GAP_S, run_testset, testset_table, whisper_wer
     from benchmarks.harness.testset import load_testset
-    from frontend_model.training.released import tiny_contextspan_checkpoint
-    from frontend_model.training.trainer import TrainConfig
 
     parser = argparse.ArgumentParser(prog="contextspan bench behaviour", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, default=None, help="default: the trained tiny model (cache)")
+    add_trained_checkpoint_flag(parser)
     parser.add_argument("--set", nargs="+", choices=["test", "development", "long"], default=["test", "development"],
                         help="the frozen test set (conversations, unseen voices), the development set (the recipes' "
                         "held-out questions, one a session), a long call (those questions throughout one session)")
@@ -335,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turn-gap-s", type=float, default=TURN_GAP_S, help="test set: silence after each question")
     parser.add_argument("--json", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    checkpoint = args.checkpoint or tiny_contextspan_checkpoint(TrainConfig())
+    checkpoint = trained_checkpoint(args.checkpoint)
     started = time.monotonic()
     report: dict[str, Any] = {"machine": machine_info("cpu"), "checkpoint": str(checkpoint), "frame_s": FRAME_S}
     serve_with = [f"--{name.replace('_', '-')}={value}" for name, value in

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.behaviour import SAID_RECALL, in_order_recall, words
-from benchmarks.report import machine_info, save_json
+from benchmarks.report import add_trained_checkpoint_flag, machine_info, save_json, trained_checkpoint
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.moshi_internals.row_sampling import RowSampler, RowSampling, SamplingConfig, Stream
 from frontend_model.training.checkpoint import VOICE_NAME
@@ -131,16 +131,14 @@ def table(rows: list[dict[str, object]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from frontend_model.training.released import tiny_contextspan_checkpoint
-
     parser = argparse.ArgumentParser(prog="contextspan bench copy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, default=None, help="default: the trained tiny model (cache)")
+    add_trained_checkpoint_flag(parser)
     parser.add_argument("--turns", type=int, default=30, help="turns of each kind")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    checkpoint = args.checkpoint or tiny_contextspan_checkpoint(TrainConfig())
+    checkpoint = trained_checkpoint(args.checkpoint)
     started = time.monotonic()
     model = load_model("contextspan", str(checkpoint), device="cpu", dtype=torch.float32)
     rows = summary(measure(model, args.turns, args.seed))

@@ -37,6 +37,19 @@ def add_max_span_flag(parser: argparse.ArgumentParser) -> None:
                         help="the server's --max-span-frames: the KV rings are widened by this much, as served")
 
 
+def add_trained_checkpoint_flag(parser: argparse.ArgumentParser) -> None:
+    """`--checkpoint`: the trained model's directory; `trained_checkpoint` fills in the default."""
+    parser.add_argument("--checkpoint", type=Path, default=None, help="default: the trained tiny model (cache)")
+
+
+def trained_checkpoint(path: Path | None) -> Path:
+    """`path`, or the tiny model of the default training recipe (its release restored into the cache, or trained)."""
+    from frontend_model.training.released import tiny_contextspan_checkpoint
+    from frontend_model.training.trainer import TrainConfig
+
+    return path or tiny_contextspan_checkpoint(TrainConfig())
+
+
 def save_json(path: Path | None, result: dict[str, Any]) -> None:
     if path is None:
         return
