@@ -1,5 +1,5 @@
 """Product code never imports `tests` (nor runs a module of it by name): what a wheel ships must work without the
-test suite, which it does not contain."""
+test suite, which it does not contain. The model and the backend meet only in the server (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("server", "frontend_model", "backend_agent", "contextspan_client", "benchmarks", "web_client")
 TESTS_MODULE = re.compile(r"tests(\.\w+)*")
+# Who may not import whom. Training is the exception: it trains on what serving does (the server's leveller and window
+# policy, the built-in router's answers).
+FORBIDDEN = {"frontend_model": {"server", "backend_agent"}, "backend_agent": {"server", "frontend_model"}}
+TRAINING = ROOT / "frontend_model" / "training"
 
 
 def references_to_tests(source: str, filename: str) -> list[str]:
@@ -39,4 +43,19 @@ def test_no_product_module_imports_tests() -> None:
     modules = [path for package in PRODUCT for path in sorted((ROOT / package).rglob("*.py"))]
     assert len(modules) > 100  # the product's modules were found
     offenders = [ref for path in modules for ref in references_to_tests(path.read_text(), str(path.relative_to(ROOT)))]
+    assert offenders == []
+
+
+def test_the_model_and_the_backend_import_neither_the_server_nor_each_other_training_aside() -> None:
+    offenders = []
+    for package, forbidden in FORBIDDEN.items():
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.is_relative_to(TRAINING):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                         else [])
+                offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
+                              if name.split(".")[0] in forbidden]
     assert offenders == []
