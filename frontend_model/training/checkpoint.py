@@ -36,7 +36,6 @@ from frontend_model.span import block, build, config, convention, normaliser
 from frontend_model.training import data, recipes, served, speech, trainer
 from frontend_model.training.cache import cached
 from frontend_model.training.trainer import TrainConfig, Trained, train
-from server.batching import window_policy
 from server.wire import leveller
 
 VOICE_NAME = "agent"
@@ -45,8 +44,7 @@ PREFIX = "contextspan-tiny-"
 # Every module whose code shapes the training data or the weights (the router, its question finder and its tools write
 # the spans; the server's leveller shapes the user's audio).
 _SOURCES = (convention, block, build, config, normaliser, tiny_files, data, recipes, served, speech, trainer, router,
-            question, request, arithmetic, clock, date, numbers, places, time_in_place, unit_conversion, leveller,
-            window_policy)
+            question, request, arithmetic, clock, date, numbers, places, time_in_place, unit_conversion, leveller)
 
 
 def cache_key(train_config: TrainConfig) -> str:

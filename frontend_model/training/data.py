@@ -39,7 +39,7 @@ from frontend_model.span.block import Prefix
 from frontend_model.span.build import build_prefix
 from frontend_model.span.config import SpanConfig
 from frontend_model.span.contract import SpanContract
-from frontend_model.span.convention import Assembled, Conversation, Kind, LossWeights, SpanAt, assemble
+from frontend_model.span.convention import Assembled, Conversation, LossWeights, SpanAt, assemble
 from frontend_model.span.text_ids import non_text_ids
 from frontend_model.span.voice_prompt import VoicePrompt
 from frontend_model.training.recipes import (
@@ -54,14 +54,13 @@ from frontend_model.training.recipes import (
 )
 from frontend_model.training.served import PROFILES, NoiseProfile, session
 from frontend_model.training.speech import Voice, speak
-from server.batching.window_policy import WindowPolicy
 
 # Frames between the end of a question's speech and `<ret>` on the agent's text row. Not one fixed frame: a model that
 # let that frame pass had never seen a question go on unanswered and asked seconds later, or never.
 RET_OFFSETS = range(1, 5)
 RET_WEIGHT = 5.0  # the reference's `w_ret`
 PAD_WEIGHT = 0.5  # the reference's `pad_w`
-MAX_SPAN_FRAMES = 64  # a tool's longest answers ("... in the United Arab Emirates.") take 54 frames with the prefix
+MAX_SPAN_FRAMES = 48
 LEAD_FRAMES = 10  # the room before speech, from a session's start: the leveller has settled on it
 TAIL_FRAMES = 6  # the room after speech kept with the utterance: the codec's decay into steady silence
 AFTER_FRAMES = 24  # the room after that, as the leveller holds the speech's gain then returns to the room's
@@ -86,12 +85,6 @@ FOLLOW_UP_SHARE = 0.35  # questions after an answered question of a kind that ha
 BARGE_IN_SHARE = 0.2  # questions after a span that start while the agent still says its answer
 NOISE_ONLY_SHARE = 0.08  # conversations that are the room and chatter only: nothing asked for a long while
 DIGITAL_SHARE = 0.25  # conversations in digital silence; the others in one of the rooms
-# Conversations with a prefix read as a window at a moment after a roll: the prefix, then the recent frames a roll
-# keeps. Past its first seconds a served call reads only such windows; trained on fresh starts alone, the model asked
-# 20-50 frames after the prefix whatever it heard, where a fresh conversation's first question ends (`bench asks`).
-# Windows that all ended at a conversation's end (its last answer) held almost no `<ret>`: the model then asked after
-# 3 % of the questions.
-ROLLED_SHARE = 0.5
 
 
 def reply_to(span_text: str, contract: SpanContract) -> str:
@@ -134,19 +127,6 @@ class Sequence:
     weights: torch.Tensor
     ret_columns: tuple[int, ...]
     answer_columns: tuple[tuple[int, ...], ...]
-
-    def rolled(self, prefix: int, cut: int, end: int) -> Sequence:
-        """The first `prefix` columns, then columns `cut`..`end` - 1, at consecutive positions: `<ret>` and answers
-        outside them are dropped (an answer going on past `end` is kept up to it), and the first column kept carries
-        no loss (the prefix does not predict it)."""
-        shift = cut - prefix
-        kept = torch.cat([torch.arange(prefix), torch.arange(cut, end)])
-        weights = self.weights[kept].clone()
-        weights[prefix] = 0
-        answers = tuple(tuple(c - shift for c in a if c < end) for a in self.answer_columns if a and cut <= a[0] - 1
-                        and a[0] < end)
-        return Sequence(self.columns[:, kept], weights, tuple(r - shift for r in self.ret_columns if cut < r < end),
-                        answers)
 
     def last(self, columns: int) -> Sequence:
         """The last `columns` columns; `<ret>` and answers that fall before them are dropped."""
@@ -263,7 +243,7 @@ class Assembler:
     def __init__(self, tokenizer: sentencepiece.SentencePieceProcessor, span: SpanConfig, delays: list[int],
                  initial: torch.Tensor, voice: VoicePrompt | None,
                  user_silence: torch.Tensor | tuple[torch.Tensor | tuple[torch.Tensor, ...], ...],
-                 default_persona: str = TRAINED_PERSONA, places: tuple[str, ...] | None = None) -> None:
+                 default_persona: str = TRAINED_PERSONA) -> None:
         self.tokenizer = tokenizer
         profiles = (user_silence,) if isinstance(user_silence, torch.Tensor) else tuple(user_silence)
         # Per noise profile (`served.PROFILES`), one or more session tracks: a room's noise drawn afresh each time.
@@ -275,7 +255,6 @@ class Assembler:
         self.initial = initial.tolist()  # LMGen's initial token of each row
         self.voice = voice
         self.default_persona = default_persona
-        self.places = places  # the places tools' answers name (None: every place they know)
         self.forbidden = non_text_ids(tokenizer, span)
         self.silence = torch.tensor(span.silence_codes, dtype=torch.long)
 
@@ -316,7 +295,7 @@ class Assembler:
         elif contract.abstain_text and rng.random() < ABSTAIN_SHARE:
             text, reply = contract.abstain_text, ABSTAIN_REPLY
         else:
-            reply = tool_answer(rng, self.places)
+            reply = tool_answer(rng)
             text = contract.span_text(reply, tool_result=True)
             tool = True
         block = SpanAt.from_text(frame, text, self.tokenizer, self.span, MAX_SPAN_FRAMES)
@@ -324,8 +303,8 @@ class Assembler:
         return block, list(said.text_ids[1:-1]), tool
 
     @classmethod
-    def for_model(cls, model: LoadedModel, voice: VoicePrompt | None, default_persona: str = TRAINED_PERSONA,
-                  places: tuple[str, ...] | None = None) -> Assembler:
+    def for_model(cls, model: LoadedModel, voice: VoicePrompt | None,
+                  default_persona: str = TRAINED_PERSONA) -> Assembler:
         """The assembler of `model`'s tokenizer, span ids, delays and codec, with `voice` in its persona prefixes and
         session tracks of every noise profile: `ROOM_TAKES` of each room (digital silence has one)."""
         lm = model.lm
@@ -333,7 +312,7 @@ class Assembler:
                              for take in range(1 if profile.rms <= 0 else ROOM_TAKES))
                        for i, profile in enumerate(PROFILES))
         return cls(model.tokenizer, model.span, list(lm.delays), lm._get_initial_token()[0, :, 0].cpu(), voice,
-                   tracks, default_persona, places)
+                   tracks, default_persona)
 
     @staticmethod
     def question(rng: random.Random, questions: tuple[Question, ...], follow_ups: tuple[Question, ...],
@@ -346,12 +325,12 @@ class Assembler:
         return rng.choice(questions)
 
     def conversation(self, rng: random.Random, corpus: Corpus, max_gap: int, turns: int,
-                     window: int | None = None, app_share: float = APP_SHARE, context: int | None = None) -> Sequence:
+                     window: int | None = None, app_share: float = APP_SHARE) -> Sequence:
         """One or more turns after an optional persona prefix, in one noise profile's room: a question answered by a
         span (a follow-up after an answered question, sometimes said while the agent still answers), an app's span
         (in `app_share` of the turns: no question, no `<ret>`), or a long quiet stretch, any of them after chatter;
-        or (`NOISE_ONLY_SHARE`) the room and chatter only. `window` keeps the last columns only (training cost);
-        with the model's `context`, one with a prefix reads as a window after a roll in `ROLLED_SHARE` of them."""
+        or (`NOISE_ONLY_SHARE`) the room and chatter only. `window` keeps the last columns only (training cost), as a
+        long session's window reads them."""
         profile = draw_profile(rng)
         take = rng.randrange(len(self.tracks[profile])) if profile < len(self.tracks) else 0
         questions, chatter, follow_ups = corpus.by_profile[profile]
@@ -435,12 +414,8 @@ class Assembler:
         for inject, answer in answers:
             frames[0, inject:inject + len(answer)] = torch.tensor(answer, dtype=frames.dtype)
         conversation = Conversation(frames[0], frames[1:1 + a], frames[1 + a:], tuple(rets), tuple(spans), prefix)
-        assembled = assemble(conversation, self.span, LossWeights(ret=RET_WEIGHT, pad=PAD_WEIGHT))
-        sequence = self.layout(assembled, [(at_, len(answer)) for at_, answer in answers])
-        if context is not None and prefix is not None and rng.random() < ROLLED_SHARE:
-            view = rolled(sequence, assembled, rng, WindowPolicy.for_context(context))
-            if view is not None:
-                return view
+        sequence = self.layout(assemble(conversation, self.span, LossWeights(ret=RET_WEIGHT, pad=PAD_WEIGHT)),
+                               [(at_, len(answer)) for at_, answer in answers])
         return sequence if window is None else sequence.last(window)
 
     def layout(self, assembled: Assembled, answers: list[tuple[int, int]]) -> Sequence:
@@ -453,27 +428,6 @@ class Assembler:
                      if token == self.span.ret_id and live[i] >= 0)
         said = tuple(tuple(position[f] for f in range(frame, frame + n)) for frame, n in answers)
         return Sequence(columns, weights, rets, said)
-
-
-def rolled(sequence: Sequence, assembled: Assembled, rng: random.Random, policy: WindowPolicy) -> Sequence | None:
-    """`sequence` as a session's window reads it at a moment after a roll (`server.batching.window_policy`): the
-    initial and prefix columns, then the recent columns a roll keeps and up to its headroom after them, ending anywhere
-    in the conversation (None where it is too short to have rolled). A cut through a span or the answer said from it
-    would train the answer without its span: it moves back to the span's start, as the server keeps a span whole, or
-    past the answer where that would keep more than half a headroom too many."""
-    prefix = int((assembled.kinds == Kind.PREFIX).sum())
-    length = sequence.columns.shape[1]
-    recent = rng.randint(policy.usual_keep(prefix), policy.context - prefix)
-    if length <= prefix + 1 + recent:
-        return None
-    end = rng.randint(prefix + 2 + recent, length)
-    cut = end - recent
-    span = (assembled.kinds == Kind.SPAN).tolist()
-    starts = [f + 1 for f, s in enumerate(span) if s and (f == 0 or not span[f - 1])]  # column f + 1 holds frame f
-    for start, said in zip(starts, sequence.answer_columns, strict=True):
-        if start < cut <= said[-1]:
-            cut = start if end - start <= policy.context - prefix + policy.headroom // 2 else said[-1] + 1
-    return sequence.rolled(prefix + 1, cut, end) if prefix + 1 < cut < end else None
 
 
 def batch(sequences: list[Sequence], pad_column: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

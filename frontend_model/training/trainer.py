@@ -155,7 +155,7 @@ class Batches(torch.utils.data.IterableDataset):
             for _ in range(phase.steps):
                 sequences = [self.assembler.conversation(rng, self.corpus, config.max_gap,
                                                          rng.randint(1, config.max_turns), config.window,
-                                                         phase.app_share, config.context)
+                                                         phase.app_share)
                              for _ in range(config.batch_size)]
                 columns, weights = batch(sequences, pad_column)
                 answers = [s.answer_columns for s in sequences]

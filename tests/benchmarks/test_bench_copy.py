@@ -1,6 +1,5 @@
 """The copy bench sorts turns by what their span held, as training lays them out, and scores the trained model's own
-answers: tool answers, which the released model says, come out said; a misaligned column would score them near 0. The
-time in a place no training span named is scored apart."""
+answers: tool answers, which the released model says, come out said; a misaligned column would score them near 0."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from backend_agent.tools.places import database_places
 from benchmarks.copying import KINDS, main
 from frontend_model.training.data import ABSTAIN_REPLY
 
@@ -24,9 +22,6 @@ def test_bench_copy_scores_every_kind_of_span_on_the_trained_model(tmp_path: Pat
     assert set(rows) == set(KINDS) and all(row["turns"] == 3 for row in rows.values())
     assert rows["tool"]["tokens_teacher_forced"] >= 0.8 and rows["tool"]["words_in_order_greedy"] >= 0.6
     assert all(e["span"] == ABSTAIN_REPLY for e in rows["abstain"]["examples"])
-    places = database_places()
-    assert all(e["span"].startswith("It is") and e["span"].removesuffix(".").rsplit(" in ", 1)[1] in places
-               for e in rows["new place"]["examples"])
     assert all(e["span"] and e["greedy"] and e["sampled"] for row in rows.values() for e in row["examples"])
-    assert all(0 <= row["words_in_order_sampled"] <= 1 for row in rows.values())
+    assert all(0 <= row["turns_said_exactly_sampled"] <= row["turns_at_pass_recall_sampled"] for row in rows.values())
     assert report["machine"]["cpu_count"]

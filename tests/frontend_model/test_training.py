@@ -17,7 +17,6 @@ import torch
 from backend_agent.request import Answered, Request
 from backend_agent.router import Router
 from backend_agent.tools import build_catalogue
-from backend_agent.tools.places import curated_places
 from frontend_model.engine.codec import FrameCodec
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel, load_model
@@ -26,7 +25,6 @@ from frontend_model.span.build import build_prefix, build_span
 from frontend_model.span.voice_prompt import VoicePrompt
 from frontend_model.training import checkpoint as training_checkpoint
 from frontend_model.training import command as training_command
-from frontend_model.training import data as training_data
 from frontend_model.training.checkpoint import REPORT, VOICE_NAME, cache_key, trained_checkpoint
 from frontend_model.training.data import (
     ABSTAIN_REPLY,
@@ -56,12 +54,10 @@ from frontend_model.training.recipes import (
     draw_exchange,
     draw_follow_up,
     follow_up_kinds,
-    tool_answer,
 )
 from frontend_model.training.served import PROFILES, as_served, room
 from frontend_model.training.speech import Voice
 from frontend_model.training.trainer import VOICE_FRAMES, Batches, TrainConfig, learning_rate_factor, slipped
-from server.batching.window_policy import WindowPolicy
 from tests.e2e.test_behaviour_e2e import APP_TEXTS
 
 
@@ -161,22 +157,6 @@ def test_held_out_questions_and_voices_are_not_the_training_ones() -> None:
     held = {draw_exchange(random.Random(i), "held_out").question for i in range(300)}
     assert not train & held
     assert not set(TRAIN_VOICES) & set(HELD_OUT_VOICES)
-
-
-def places_named(answers: list[str]) -> set[str]:
-    return {m[1] for a in answers if (m := re.fullmatch(r"It is .* in (?:the )?(.+)\.", a))}
-
-
-def test_tool_answers_name_every_place_the_tools_know_not_only_the_cities_questions_name() -> None:
-    rng = random.Random(0)
-    named = places_named([tool_answer(rng) for _ in range(3000)])
-    assert len(named) > 150 and named <= set(curated_places())
-    assert {"Warsaw", "Stockholm", "Jakarta"} & named
-
-
-def test_tool_answers_can_name_other_places_as_the_copy_bench_does() -> None:
-    rng = random.Random(0)
-    assert places_named([tool_answer(rng, ("Tegucigalpa",)) for _ in range(40)]) == {"Tegucigalpa"}
 
 
 def word_edits(one: list[str], other: list[str]) -> int:
@@ -491,33 +471,3 @@ def test_the_router_resolves_every_follow_up_from_the_question_answered_before_i
     for kind in _FOLLOW_UPS["train"].values():
         for template in kind:
             assert min(word_edits(template_words(template), h) for h in held) >= 2, template
-
-
-def test_a_rolled_conversation_reads_its_prefix_then_recent_columns_and_keeps_every_answer_s_span_whole(
-    model: LoadedModel, corpus: Corpus, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """As a session's window at a moment after a roll (`server.batching.window_policy`): the prefix's columns, then
-    recent ones at the next positions; no answer is kept without its span, and the prefix predicts no loss."""
-    monkeypatch.setattr(training_data, "ROLLED_SHARE", 1.0)
-    span, policy = model.span, WindowPolicy.for_context(96)
-    rolled_views = rets = 0
-    for seed in range(40):
-        full = assembler(model).conversation(random.Random(seed), corpus, 8, 3)
-        view = assembler(model).conversation(random.Random(seed), corpus, 8, 3, context=96)
-        if view.columns.shape[1] == full.columns.shape[1]:
-            continue
-        rolled_views += 1
-        length = view.columns.shape[1]
-        prefix = int((view.columns != full.columns[:, :length]).any(0).nonzero()[0])
-        recent = view.columns[:, prefix:]
-        assert any(torch.equal(recent, full.columns[:, cut:cut + length - prefix])
-                   for cut in range(prefix, full.columns.shape[1] - (length - prefix) + 1)), "recent columns in order"
-        assert length - prefix <= policy.context - (prefix - 1) + policy.headroom // 2
-        assert view.weights[prefix] == 0
-        text = view.columns[0]
-        assert all(int(text[r]) == span.ret_id for r in view.ret_columns)
-        for answer in view.answer_columns:
-            assert answer[-1] < length and int(text[answer[0] - 1]) == span.close_id
-            assert (text[prefix:answer[0] - 1] == span.open_id).any(), "the answer's span is kept whole"
-        rets += len(view.ret_columns)
-    assert rolled_views >= 10 and rets >= 5, "windows end anywhere in a conversation, not only after its last answer"

@@ -10,8 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("server", "frontend_model", "backend_agent", "contextspan_client", "benchmarks", "web_client")
 TESTS_MODULE = re.compile(r"tests(\.\w+)*")
-# Who may not import whom. Training is the exception: it trains on what serving does (the server's leveller and window
-# policy, the built-in router's answers).
+# Who may not import whom. Training is the exception: it trains on what serving does (the server's leveller, the
+# built-in router's answers).
 FORBIDDEN = {"frontend_model": {"server", "backend_agent"}, "backend_agent": {"server", "frontend_model"}}
 TRAINING = ROOT / "frontend_model" / "training"
 
