@@ -23,5 +23,6 @@ def test_bench_copy_scores_every_kind_of_span_on_the_trained_model(tmp_path: Pat
     assert rows["tool"]["tokens_teacher_forced"] >= 0.8 and rows["tool"]["words_in_order_greedy"] >= 0.6
     assert all(e["span"] == ABSTAIN_REPLY for e in rows["abstain"]["examples"])
     assert all(e["span"] and e["greedy"] and e["sampled"] for row in rows.values() for e in row["examples"])
+    assert all(0 <= row["words_in_order_sampled"] <= 1 for row in rows.values())
     assert all(0 <= row["turns_said_exactly_sampled"] <= row["turns_at_pass_recall_sampled"] for row in rows.values())
     assert report["machine"]["cpu_count"]

@@ -16,18 +16,22 @@ FORBIDDEN = {"frontend_model": {"server", "backend_agent"}, "backend_agent": {"s
 TRAINING = ROOT / "frontend_model" / "training"
 
 
+def imported(node: ast.AST) -> list[str]:
+    """The absolute modules an import statement names (none for any other node)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        return [node.module]
+    return []
+
+
 def references_to_tests(source: str, filename: str) -> list[str]:
     """Imports of `tests` and module names such as "tests.e2e.faulty_server" (for `python -m` or importlib)."""
     found = []
     for node in ast.walk(ast.parse(source, filename=filename)):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and TESTS_MODULE.fullmatch(node.value):
+        names = imported(node)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and TESTS_MODULE.fullmatch(node.value):
             names = [node.value]
-        else:
-            continue
         found += [f"{filename}:{node.lineno}: {name}" for name in names if name.split(".")[0] == "tests"]
     return found
 
@@ -52,10 +56,7 @@ def test_the_model_and_the_backend_import_neither_the_server_nor_each_other_trai
         for path in sorted((ROOT / package).rglob("*.py")):
             if path.is_relative_to(TRAINING):
                 continue
-            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                         else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
-                         else [])
-                offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
-                              if name.split(".")[0] in forbidden]
+            offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}"
+                          for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+                          for name in imported(node) if name.split(".")[0] in forbidden]
     assert offenders == []
