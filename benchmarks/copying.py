@@ -2,7 +2,8 @@
 
 Conversations are drawn by the training assembler (`Assembler.conversation`: the sequence convention, one turn each)
 with held-out questions, voice, statements and notification shapes, and sorted by what their span held: a tool's
-answer (after `<ret>`), the abstain span, or an app's text (`span.inject`: no question, no `<ret>`). Per kind: the
+answer (after `<ret>`), the abstain span, or an app's text (`span.inject`: no question, no `<ret>`), and apart, a
+tool's answer with the time in a place no training span named ("new place"). Per kind: the
 answer's tokens the model predicts teacher-forced (argmax), and the answer's words it says in order when it writes
 its own answer token by token on its text row (its other rows as drawn), greedily and sampled by a session's sampler
 (the checkpoint's text temperature and top-k, seeded). `bench behaviour` measures the served model; this isolates
@@ -12,6 +13,7 @@ the copying.
 from __future__ import annotations
 
 import argparse
+import copy
 import random
 import statistics
 import time
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from backend_agent.tools.places import database_places
 from benchmarks.behaviour import SAID_RECALL, in_order_recall, words
 from benchmarks.report import add_trained_checkpoint_flag, machine_info, save_json, trained_checkpoint
 from frontend_model.loading.loader import LoadedModel, load_model
@@ -29,7 +32,7 @@ from frontend_model.training.data import ABSTAIN_REPLY, Assembler, Sequence, syn
 from frontend_model.training.trainer import TrainConfig
 
 DEFAULT_OUT = Path("benchmarks/results/copy-tiny-contextspan-cpu.json")
-KINDS = ("tool", "abstain", "app")
+KINDS = ("tool", "new place", "abstain", "app")
 
 
 @dataclass(frozen=True)
@@ -87,20 +90,27 @@ def said(model: LoadedModel, sequence: Sequence, kind: str, greedy: RowSampler, 
 
 
 def measure(model: LoadedModel, per_kind: int, seed: int) -> list[Said]:
-    """`per_kind` turns of each kind, drawn as training draws them (held-out split), in a fixed order."""
-    assembler = Assembler.for_model(model, model.voice_prompts[VOICE_NAME])
+    """`per_kind` turns of each kind, drawn as training draws them (held-out split), in a fixed order; "new place":
+    the time in a place only the timezone database names (`database_places`), which no training span named."""
+    voice = model.voice_prompts[VOICE_NAME]
     corpus = synthesise_corpus(model.mimi, "held_out", 2 * per_kind, per_kind, seed)
-    rng = random.Random(seed)
     greedy, sampled = sampler(seed, False), sampler(seed, True)
     out: list[Said] = []
-    wanted = dict.fromkeys(KINDS, per_kind)
-    while any(wanted.values()):
-        sequence = assembler.conversation(rng, corpus, TrainConfig().max_gap, 1)
-        text = model.tokenizer.decode([int(sequence.columns[0, c]) for a in sequence.answer_columns for c in a])
-        kind = kind_of(sequence, text)
-        if kind is not None and wanted[kind]:
-            wanted[kind] -= 1
-            out.append(said(model, sequence, kind, greedy, sampled))
+    known = Assembler.for_model(model, voice)
+    elsewhere = copy.copy(known)
+    elsewhere.places = database_places()
+    for assembler, kinds in ((known, {"tool", "abstain", "app"}), (elsewhere, {"new place"})):
+        rng = random.Random(seed)
+        wanted = dict.fromkeys(kinds, per_kind)
+        while any(wanted.values()):
+            sequence = assembler.conversation(rng, corpus, TrainConfig().max_gap, 1)
+            text = model.tokenizer.decode([int(sequence.columns[0, c]) for a in sequence.answer_columns for c in a])
+            kind = kind_of(sequence, text)
+            if kind == "tool" and assembler.places and text.startswith("It is"):
+                kind = "new place"
+            if wanted.get(kind):
+                wanted[kind] -= 1
+                out.append(said(model, sequence, kind, greedy, sampled))
     return out
 
 

@@ -151,6 +151,8 @@ _ZONE_ALIASES = {
     "kst": "Korea Time", "aest": "Australian Eastern Time",
 }  # fmt: skip
 
+_CONTINENTS = {"africa", "america", "antarctica", "asia", "atlantic", "australia", "europe", "indian", "pacific"}
+
 _WITH_THE = {"United States", "United Kingdom", "Netherlands", "Philippines", "United Arab Emirates",
              "Czech Republic"}  # fmt: skip
 
@@ -195,6 +197,15 @@ def resolve_place(text: str) -> Place | None:
     return _table().get(key) or _table().get(key.replace(".", ""))
 
 
-def known_place_count() -> int:
-    """How many curated places (cities and countries) the table holds, aliases not counted."""
-    return len(_CITIES) + len(_COUNTRIES)
+def curated_places() -> tuple[str, ...]:
+    """The cities and countries named here (aliases not counted), as the tools say them."""
+    return (*_CITIES, *_COUNTRIES)
+
+
+def database_places() -> tuple[str, ...]:
+    """The cities only the timezone database names ("Tegucigalpa", from its zones' city parts), none of them curated:
+    what a model trained on answers about curated places is measured on, as on names it never copied."""
+    curated = {name.lower() for name in (*curated_places(), *_ZONES)} | set(_ALIASES) | set(_ZONE_ALIASES)
+    return tuple(sorted({place.name for place in _table().values()
+                         if place.timezone.split("/", 1)[0].lower() in _CONTINENTS and place.name.lower() not in curated
+                         and re.fullmatch(r"[A-Z][a-z]+(?: [A-Z][a-z]+)*", place.name)}))

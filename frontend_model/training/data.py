@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -59,8 +60,15 @@ from frontend_model.training.speech import Voice, speak
 # let that frame pass had never seen a question go on unanswered and asked seconds later, or never.
 RET_OFFSETS = range(1, 5)
 RET_WEIGHT = 5.0  # the reference's `w_ret`
+# The pad where a question's `<ret>` would be (`RET_OFFSETS` after a statement's end) weighs as `<ret>` does. At the
+# reference's weights alone, a model that cannot tell a statement's end from a question's learns to ask after both: the
+# tiny model asked after 88 % of statements (`bench asks`).
+DECLINE_WEIGHT = RET_WEIGHT
+# The pad in a long quiet stretch (a turn that asks nothing, a conversation of the room and chatter only) weighs as a
+# word does: at `PAD_WEIGHT` the tiny model asked 6-27 times a minute in a levelled room (`bench asks`).
+QUIET_WEIGHT = 1.0
 PAD_WEIGHT = 0.5  # the reference's `pad_w`
-MAX_SPAN_FRAMES = 48
+MAX_SPAN_FRAMES = 64  # a tool's longest answers ("... in the United Arab Emirates.") take 54 frames with the prefix
 LEAD_FRAMES = 10  # the room before speech, from a session's start: the leveller has settled on it
 TAIL_FRAMES = 6  # the room after speech kept with the utterance: the codec's decay into steady silence
 AFTER_FRAMES = 24  # the room after that, as the leveller holds the speech's gain then returns to the room's
@@ -243,7 +251,7 @@ class Assembler:
     def __init__(self, tokenizer: sentencepiece.SentencePieceProcessor, span: SpanConfig, delays: list[int],
                  initial: torch.Tensor, voice: VoicePrompt | None,
                  user_silence: torch.Tensor | tuple[torch.Tensor | tuple[torch.Tensor, ...], ...],
-                 default_persona: str = TRAINED_PERSONA) -> None:
+                 default_persona: str = TRAINED_PERSONA, places: tuple[str, ...] | None = None) -> None:
         self.tokenizer = tokenizer
         profiles = (user_silence,) if isinstance(user_silence, torch.Tensor) else tuple(user_silence)
         # Per noise profile (`served.PROFILES`), one or more session tracks: a room's noise drawn afresh each time.
@@ -255,6 +263,7 @@ class Assembler:
         self.initial = initial.tolist()  # LMGen's initial token of each row
         self.voice = voice
         self.default_persona = default_persona
+        self.places = places  # the places tools' answers name (None: every place they know)
         self.forbidden = non_text_ids(tokenizer, span)
         self.silence = torch.tensor(span.silence_codes, dtype=torch.long)
 
@@ -295,7 +304,7 @@ class Assembler:
         elif contract.abstain_text and rng.random() < ABSTAIN_SHARE:
             text, reply = contract.abstain_text, ABSTAIN_REPLY
         else:
-            reply = tool_answer(rng)
+            reply = tool_answer(rng, self.places)
             text = contract.span_text(reply, tool_result=True)
             tool = True
         block = SpanAt.from_text(frame, text, self.tokenizer, self.span, MAX_SPAN_FRAMES)
@@ -340,6 +349,7 @@ class Assembler:
         rets: list[int] = []
         spans: list[SpanAt] = []
         answers: list[tuple[int, list[int]]] = []
+        declined: dict[int, float] = {}  # live frames whose pad weighs more: after statements, in quiet stretches
         at = 0
         after: torch.Tensor | None = None  # the room's codes after the last utterance, not yet laid
 
@@ -362,12 +372,21 @@ class Assembler:
             add(self.speech(utterance))
             after = utterance.after
 
+        def state(utterance: Utterance) -> None:
+            declined.update((at + utterance.speech_frames + offset, DECLINE_WEIGHT) for offset in RET_OFFSETS)
+            say(utterance)
+
+        def quiet(frames: int) -> None:
+            for frame in range(at, at + frames):
+                declined.setdefault(frame, QUIET_WEIGHT)
+            room(frames)
+
         if rng.random() < NOISE_ONLY_SHARE:
             length = rng.randint(60, (window or 192) + 40)
             while at < length:
-                room(rng.randint(10, 60))
+                quiet(rng.randint(10, 60))
                 if chatter and rng.random() < 0.5:
-                    say(rng.choice(chatter))
+                    state(rng.choice(chatter))
             turns = 0
         answered: str | None = None  # the kind of the last question a tool answered
         barging: Question | None = None  # the next question, begun while the agent still answers
@@ -376,11 +395,11 @@ class Assembler:
                 room(rng.randint(2, 12))
                 if rng.random() < CHATTER_SHARE and chatter:
                     for _ in range(rng.choice((1, 1, 2))):
-                        say(rng.choice(chatter))
+                        state(rng.choice(chatter))
                         room(rng.randint(3, 8))
             kind = rng.random()
             if barging is None and kind < QUIET_SHARE:
-                room(rng.randint(10, 90))
+                quiet(rng.randint(10, 90))
                 answered = None
                 continue
             app = barging is None and kind < QUIET_SHARE + app_share
@@ -415,15 +434,21 @@ class Assembler:
             frames[0, inject:inject + len(answer)] = torch.tensor(answer, dtype=frames.dtype)
         conversation = Conversation(frames[0], frames[1:1 + a], frames[1 + a:], tuple(rets), tuple(spans), prefix)
         sequence = self.layout(assemble(conversation, self.span, LossWeights(ret=RET_WEIGHT, pad=PAD_WEIGHT)),
-                               [(at_, len(answer)) for at_, answer in answers])
+                               [(at_, len(answer)) for at_, answer in answers], declined)
         return sequence if window is None else sequence.last(window)
 
-    def layout(self, assembled: Assembled, answers: list[tuple[int, int]]) -> Sequence:
-        """The convention's columns; weights aligned with them (column j + 1 holds the text of frame j)."""
+    def layout(self, assembled: Assembled, answers: list[tuple[int, int]],
+               declined: Mapping[int, float] | None = None) -> Sequence:
+        """The convention's columns; weights aligned with them (column j + 1 holds the text of frame j), the pad in
+        the live frames of `declined` weighing as it says."""
         columns = assembled.columns(self.delays, self.initial)
         weights = torch.cat([torch.zeros(1), assembled.text_weight])
         live = assembled.live.tolist()
         position = {frame: i + 1 for i, frame in enumerate(live) if frame >= 0}
+        text = assembled.frames[0]
+        for frame, weight in (declined or {}).items():
+            if frame in position and int(text[position[frame] - 1]) == self.span.text_pad_id:
+                weights[position[frame]] = weight
         rets = tuple(i + 1 for i, token in enumerate(assembled.frames[0].tolist())
                      if token == self.span.ret_id and live[i] >= 0)
         said = tuple(tuple(position[f] for f in range(frame, frame + n)) for frame, n in answers)

@@ -4,8 +4,9 @@ that times two?"), the spans those questions get, and chatter that asks nothing.
 differ in sentences, places, numbers and voices, so a test on the held-out set asks questions the model never heard.
 
 A span's text is what the built-in router writes when it serves (`tool_answer`: the real tools, at a random instant),
-for a question drawn over the tools' whole range of places and numbers, held-out ones included: a deployed model
-copies whatever a tool returns, so the words it copies are not held out, the questions it hears are.
+for a question drawn over the tools' whole range of numbers and every place they name (`curated_places`), held-out
+ones included: a deployed model copies whatever a tool returns, so the words it copies are not held out, the questions
+it hears are. (With the 28 cities the questions name, a model said "Mexico City" for Warsaw.)
 
 Pure: a `random.Random` in, text out.
 """
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from backend_agent.router import Router
 from backend_agent.tools import build_catalogue
+from backend_agent.tools.places import curated_places
 from frontend_model.training.speech import Voice
 
 Split = Literal["train", "held_out"]
@@ -161,11 +164,12 @@ def draw_voice(rng: random.Random, split: Split) -> Voice:
     return Voice(rng.choice(names), rng.randint(135, 185), rng.randint(35, 70))
 
 
-def draw_exchange(rng: random.Random, split: Split) -> Exchange:
+def draw_exchange(rng: random.Random, split: Split, places: Sequence[str] | None = None) -> Exchange:
+    """A question of `split`, about one of `places` when it asks the time somewhere (default: the split's cities)."""
     kind = rng.choice(sorted(_TEMPLATES[split]))
     template = rng.choice(_TEMPLATES[split][kind])
     if kind == "time":
-        cities = _TRAIN_CITIES if split == "train" else _HELD_OUT_CITIES
+        cities = places or (_TRAIN_CITIES if split == "train" else _HELD_OUT_CITIES)
         return Exchange(kind, asked(template.format(city=rng.choice(cities))))
     if kind == "math":
         a, b = _operands(rng, split)
@@ -194,10 +198,11 @@ def draw_follow_up(rng: random.Random, split: Split, kind: str) -> str:
     return asked(template.format(city=rng.choice(cities), b=_operands(rng, split)[1], value=rng.randint(2, 40)))
 
 
-def tool_answer(rng: random.Random) -> str:
-    """The span text the built-in router serves for a question drawn from either split, at a random instant."""
+def tool_answer(rng: random.Random, places: Sequence[str] | None = None) -> str:
+    """The span text the built-in router serves for a question drawn from either split, at a random instant, about
+    one of `places` (default: every place the tools name) when it asks the time."""
     instant = datetime(2020, 1, 1, tzinfo=UTC) + timedelta(seconds=rng.randrange(10 * 365 * 24 * 3600))
-    question = draw_exchange(rng, rng.choice(("train", "held_out"))).question
+    question = draw_exchange(rng, rng.choice(("train", "held_out")), places or curated_places()).question
     answer = Router(build_catalogue(clock=lambda: instant)).answer(question)
     if answer is None:
         raise ValueError(f"the built-in router does not answer the recipe question {question!r}")

@@ -10,7 +10,7 @@ from backend_agent.tools import date as date_tool
 from backend_agent.tools import time_in_place
 from backend_agent.tools.base import ToolError
 from backend_agent.tools.date import parse_date
-from backend_agent.tools.places import known_place_count, resolve_place
+from backend_agent.tools.places import curated_places, database_places, resolve_place
 
 INSTANTS = [
     datetime(2026, 11, 30, 12, 15, tzinfo=UTC),
@@ -72,7 +72,7 @@ def test_no_place_uses_default_timezone_and_unknown_place_is_an_error() -> None:
 
 
 def test_place_table_is_large_and_valid() -> None:
-    assert known_place_count() >= 150
+    assert len(curated_places()) >= 150
     for alias, zone in [("UK", "Europe/London"), ("usa", "America/New_York"), ("PST", "America/Los_Angeles")]:
         assert resolve_place(alias).timezone == zone
     assert resolve_place("Atlantis") is None
@@ -105,3 +105,11 @@ def test_parse_date_forms() -> None:
     assert parse_date("yesterday", today) == date(2026, 11, 29)
     assert parse_date("the 1st of March", today) == date(2026, 3, 1)
     assert parse_date("Sept. 9 1999", today) == date(1999, 9, 9)
+
+
+def test_every_place_resolves_to_itself_and_the_database_ones_are_none_of_the_curated() -> None:
+    for name in (*curated_places(), *database_places()):
+        assert resolve_place(name).name == name
+    assert len(database_places()) >= 100
+    assert not {n.lower() for n in database_places()} & {n.lower() for n in curated_places()}
+    assert "Tegucigalpa" in database_places() and "Tokyo" not in database_places()
