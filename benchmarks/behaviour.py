@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     checkpoint = trained_checkpoint(args.checkpoint)
     started = time.monotonic()
-    report: dict[str, Any] = {"machine": machine_info("cpu"), "checkpoint": str(checkpoint), "frame_s": FRAME_S}
+    report: dict[str, Any] = {"machine": machine_info("cpu"), "checkpoint": checkpoint.name, "frame_s": FRAME_S}
     serve_with = [f"--{name.replace('_', '-')}={value}" for name, value in
                   (("span_deadline_s", args.span_deadline_s), ("question_wait_s", args.question_wait_s))
                   if value is not None]

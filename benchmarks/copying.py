@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model("contextspan", str(checkpoint), device="cpu", dtype=torch.float32)
     rows = summary(measure(model, args.turns, args.seed))
     print(table(rows))
-    save_json(args.json, {"machine": machine_info("cpu"), "checkpoint": str(checkpoint), "turns": args.turns,
+    save_json(args.json, {"machine": machine_info("cpu"), "checkpoint": checkpoint.name, "turns": args.turns,
                           "seed": args.seed, "seconds": round(time.monotonic() - started), "kinds": rows})
     return 0
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -60,13 +59,6 @@ from frontend_model.training.speech import Voice, speak
 # let that frame pass had never seen a question go on unanswered and asked seconds later, or never.
 RET_OFFSETS = range(1, 5)
 RET_WEIGHT = 5.0  # the reference's `w_ret`
-# The pad where a question's `<ret>` would be (`RET_OFFSETS` after a statement's end) weighs as `<ret>` does. At the
-# reference's weights alone, a model that cannot tell a statement's end from a question's learns to ask after both: the
-# tiny model asked after 88 % of statements (`bench asks`).
-DECLINE_WEIGHT = RET_WEIGHT
-# The pad in a long quiet stretch (a turn that asks nothing, a conversation of the room and chatter only) weighs as a
-# word does: at `PAD_WEIGHT` the tiny model asked 6-27 times a minute in a levelled room (`bench asks`).
-QUIET_WEIGHT = 1.0
 PAD_WEIGHT = 0.5  # the reference's `pad_w`
 MAX_SPAN_FRAMES = 64  # a tool's longest answers ("... in the United Arab Emirates.") take 54 frames with the prefix
 LEAD_FRAMES = 10  # the room before speech, from a session's start: the leveller has settled on it
@@ -349,7 +341,6 @@ class Assembler:
         rets: list[int] = []
         spans: list[SpanAt] = []
         answers: list[tuple[int, list[int]]] = []
-        declined: dict[int, float] = {}  # live frames whose pad weighs more: after statements, in quiet stretches
         at = 0
         after: torch.Tensor | None = None  # the room's codes after the last utterance, not yet laid
 
@@ -372,21 +363,12 @@ class Assembler:
             add(self.speech(utterance))
             after = utterance.after
 
-        def state(utterance: Utterance) -> None:
-            declined.update((at + utterance.speech_frames + offset, DECLINE_WEIGHT) for offset in RET_OFFSETS)
-            say(utterance)
-
-        def quiet(frames: int) -> None:
-            for frame in range(at, at + frames):
-                declined.setdefault(frame, QUIET_WEIGHT)
-            room(frames)
-
         if rng.random() < NOISE_ONLY_SHARE:
             length = rng.randint(60, (window or 192) + 40)
             while at < length:
-                quiet(rng.randint(10, 60))
+                room(rng.randint(10, 60))
                 if chatter and rng.random() < 0.5:
-                    state(rng.choice(chatter))
+                    say(rng.choice(chatter))
             turns = 0
         answered: str | None = None  # the kind of the last question a tool answered
         barging: Question | None = None  # the next question, begun while the agent still answers
@@ -395,11 +377,11 @@ class Assembler:
                 room(rng.randint(2, 12))
                 if rng.random() < CHATTER_SHARE and chatter:
                     for _ in range(rng.choice((1, 1, 2))):
-                        state(rng.choice(chatter))
+                        say(rng.choice(chatter))
                         room(rng.randint(3, 8))
             kind = rng.random()
             if barging is None and kind < QUIET_SHARE:
-                quiet(rng.randint(10, 90))
+                room(rng.randint(10, 90))
                 answered = None
                 continue
             app = barging is None and kind < QUIET_SHARE + app_share
@@ -434,21 +416,15 @@ class Assembler:
             frames[0, inject:inject + len(answer)] = torch.tensor(answer, dtype=frames.dtype)
         conversation = Conversation(frames[0], frames[1:1 + a], frames[1 + a:], tuple(rets), tuple(spans), prefix)
         sequence = self.layout(assemble(conversation, self.span, LossWeights(ret=RET_WEIGHT, pad=PAD_WEIGHT)),
-                               [(at_, len(answer)) for at_, answer in answers], declined)
+                               [(at_, len(answer)) for at_, answer in answers])
         return sequence if window is None else sequence.last(window)
 
-    def layout(self, assembled: Assembled, answers: list[tuple[int, int]],
-               declined: Mapping[int, float] | None = None) -> Sequence:
-        """The convention's columns; weights aligned with them (column j + 1 holds the text of frame j), the pad in
-        the live frames of `declined` weighing as it says."""
+    def layout(self, assembled: Assembled, answers: list[tuple[int, int]]) -> Sequence:
+        """The convention's columns; weights aligned with them (column j + 1 holds the text of frame j)."""
         columns = assembled.columns(self.delays, self.initial)
         weights = torch.cat([torch.zeros(1), assembled.text_weight])
         live = assembled.live.tolist()
         position = {frame: i + 1 for i, frame in enumerate(live) if frame >= 0}
-        text = assembled.frames[0]
-        for frame, weight in (declined or {}).items():
-            if frame in position and int(text[position[frame] - 1]) == self.span.text_pad_id:
-                weights[position[frame]] = weight
         rets = tuple(i + 1 for i, token in enumerate(assembled.frames[0].tolist())
                      if token == self.span.ret_id and live[i] >= 0)
         said = tuple(tuple(position[f] for f in range(frame, frame + n)) for frame, n in answers)

@@ -25,13 +25,10 @@ from frontend_model.span.build import build_prefix, build_span
 from frontend_model.span.voice_prompt import VoicePrompt
 from frontend_model.training import checkpoint as training_checkpoint
 from frontend_model.training import command as training_command
-from frontend_model.training import data as training_data
 from frontend_model.training.checkpoint import REPORT, VOICE_NAME, cache_key, trained_checkpoint
 from frontend_model.training.data import (
     ABSTAIN_REPLY,
-    DECLINE_WEIGHT,
     PAD_WEIGHT,
-    QUIET_WEIGHT,
     RET_OFFSETS,
     RET_WEIGHT,
     ROOM_TAKES,
@@ -115,7 +112,7 @@ def test_a_training_turn_has_ret_after_the_question_then_the_served_span_block_t
             if kind != "app":
                 assert opened > sequence.ret_columns[0], "the span arrives after <ret>"
         live = (weights > 0) & (text == span.text_pad_id)
-        assert set(weights[live].tolist()) <= {PAD_WEIGHT, DECLINE_WEIGHT, QUIET_WEIGHT}, "a pad weighs little, but..."
+        assert torch.all(weights[live] == PAD_WEIGHT)
     assert kinds == {"tool", "abstain", "app"}
 
 
@@ -444,47 +441,6 @@ def test_multi_turn_conversations_ret_after_every_question_and_never_after_chatt
         answered = {c for said in sequence.answer_columns for c in said}
         barge_in += any(heard[c] in (ASKED, FOLLOWED) for c in answered)
     assert several > 10 and follow_up > 5 and barge_in > 2, (several, follow_up, barge_in)
-
-
-def test_not_asking_after_a_statement_weighs_what_asking_after_a_question_does(model: LoadedModel) -> None:
-    """The pad where a `<ret>` would follow a statement weighs `DECLINE_WEIGHT`: at the reference's weights alone the
-    tiny model asked after 88 % of statements."""
-    assembler, corpus = fake_corpus(model)
-    span = model.span
-    user = 1 + span.agent_codebooks
-    statements = 0
-    for seed in range(60):
-        sequence = assembler.conversation(random.Random(seed), corpus, 8, 3)
-        heard = [int(c) // 10 * 10 for c in sequence.columns[user]]
-        for start in (i for i, h in enumerate(heard) if h == SAYS):
-            ends = [start + 15 + offset for offset in RET_OFFSETS]
-            assert [float(sequence.weights[c]) for c in ends] == [DECLINE_WEIGHT] * len(ends)
-            assert all(int(sequence.columns[0, c]) == span.text_pad_id for c in ends)
-            statements += 1
-        others = [float(w) for c, w in enumerate(sequence.weights) if c not in sequence.ret_columns
-                  and not any(h == SAYS and 0 < c - i - 15 <= max(RET_OFFSETS) for i, h in enumerate(heard))]
-        assert DECLINE_WEIGHT not in others
-    assert statements > 20
-
-
-def test_in_a_conversation_of_the_room_and_chatter_only_the_room_s_pad_weighs_as_a_word(
-    model: LoadedModel, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """At `PAD_WEIGHT` in long quiet stretches the tiny model asked 6-27 times a minute in a levelled room."""
-    monkeypatch.setattr(training_data, "NOISE_ONLY_SHARE", 1.0)
-    assembler, corpus = fake_corpus(model)
-    span = model.span
-    user = 1 + span.agent_codebooks
-    rooms = 0
-    for seed in range(10):
-        sequence = assembler.conversation(random.Random(seed), corpus, 8, 3)
-        assert not sequence.ret_columns and not sequence.answer_columns
-        heard = [int(c) // 10 * 10 for c in sequence.columns[user]]
-        room = [c for c, h in enumerate(heard) if h in (TRACK, AFTER) and sequence.weights[c] > 0
-                and int(sequence.columns[0, c]) == span.text_pad_id]
-        assert all(float(sequence.weights[c]) in (QUIET_WEIGHT, DECLINE_WEIGHT) for c in room)
-        rooms += len(room)
-    assert rooms > 300
 
 
 def test_the_trained_default_persona_s_prefix_fits_well_inside_the_attention_context(model: LoadedModel) -> None:
