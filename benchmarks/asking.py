@@ -13,8 +13,9 @@ then the most recent frames, `KEPT` of them), the agent silent. Summed over fram
 
 And where in a window the rooms' asks fall (`<ret>` a minute by ten frames after the prefix, the mean of the six
 profiles, each session's first window left out). Each also with the `<ret>` logit shifted down (`SHIFTS`): if a
-served threshold could cut asks in noise and chatter and keep them after questions, it shows here. A development set,
-never the test set: its numbers are labelled so.
+served threshold could cut asks in noise and chatter and keep them after questions, it shows here. And what the codec
+keeps of the statements' and questions' speech (`heard`: distinct codes by user codebook, distinct frames), what the
+model has to tell them apart by. A development set, never the test set: its numbers are labelled so.
 """
 
 from __future__ import annotations
@@ -101,6 +102,15 @@ def spoken(model: LoadedModel, texts: list[str], rng: random.Random, seed: int) 
     return speak_and_encode(model.mimi, lines, profiles=[rng.randrange(len(PROFILES)) for _ in lines], seed=seed)
 
 
+def heard(utterances: list[Utterance]) -> dict[str, object]:
+    """What the codec keeps of the speech the model is asked to tell apart: over the utterances' speech frames, the
+    distinct codes of each user codebook and the distinct frames (all codebooks together)."""
+    codes = torch.cat([u.codes[:, :u.speech_frames] for u in utterances], dim=1)
+    return {"speech_frames": codes.shape[1],
+            "distinct_codes_by_codebook": [len(torch.unique(row)) for row in codes],
+            "distinct_frames": torch.unique(codes, dim=1).shape[1]}
+
+
 def measure(model: LoadedModel, statements: int, questions: int, follow_ups: int, seed: int) -> dict[str, object]:
     windows = Windows(model)
     rng = random.Random(seed)
@@ -133,7 +143,8 @@ def measure(model: LoadedModel, statements: int, questions: int, follow_ups: int
                          at_least_one(windows.ret_chance(x, shift)) for x in chatter), 3),
                      "questions_asked": round(statistics.fmean(recall[:questions]), 3),
                      "follow_ups_asked": round(statistics.fmean(recall[questions:]), 3)})
-    return {"statements": statements, "questions": questions, "follow_ups": follow_ups, "rows": rows,
+    return {"statements": statements, "questions": questions, "follow_ups": follow_ups, "heard": heard(said + asked),
+            "rows": rows,
             "rooms_rets_per_min_by_frame": {"bucket_frames": BUCKET, "rets_per_min": by_frame}}
 
 
@@ -164,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result["rows"]))
     print(f"rooms, `<ret>` a minute by {BUCKET} frames after the prefix (a session's first window left out): "
           f"{result['rooms_rets_per_min_by_frame']['rets_per_min']}")
+    print(f"heard: {result['heard']['speech_frames']} speech frames of statements and questions, distinct codes by "
+          f"user codebook {result['heard']['distinct_codes_by_codebook']}, distinct frames "
+          f"{result['heard']['distinct_frames']}")
     save_json(args.json, {"machine": machine_info("cpu"), "set": "development (held-out recipes, not the test set)",
                           "checkpoint": checkpoint.name, "seed": args.seed,
                           "seconds": round(time.monotonic() - started), **result})

@@ -128,3 +128,7 @@ def test_bench_asks_reports_every_room_statements_and_questions_and_a_lower_ret_
         assert 0 <= row["asks_per_statement"] <= 1 and 0 <= row["questions_asked"] <= 1
     for key in ("rets_per_min_rooms", "asks_per_statement", "questions_asked", "follow_ups_asked"):
         assert all(a[key] >= b[key] for a, b in pairwise(rows)), key
+    heard = report["heard"]
+    assert heard["distinct_codes_by_codebook"] and heard["speech_frames"] > 0
+    codes = heard["distinct_codes_by_codebook"]
+    assert all(1 <= n <= heard["distinct_frames"] <= heard["speech_frames"] for n in codes)
