@@ -1,5 +1,6 @@
 """The committed release of the trained weights: it restores the checkpoint training wrote, bit for bit, without
-training; it is only ever used for the recipe that made it; and the default recipe has one."""
+training; it is only ever used for the recipe that made it; the default recipe has one, and the profile the README's
+first command serves loads it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from frontend_model.loading.loader import load_model
+from frontend_model.loading.profiles import TRAINED_PROFILE
 from frontend_model.training import checkpoint as training_checkpoint
 from frontend_model.training.checkpoint import REPORT, VOICE_NAME, cache_key, trained_checkpoint
 from frontend_model.training.released import VOICE_KEY, release, released_file, tiny_contextspan_checkpoint
@@ -66,3 +69,18 @@ def test_the_default_recipe_is_released() -> None:
         f"the training recipe changed (key {key}) and its weights are not released: run `contextspan train --out "
         "/tmp/trained --release` (the default recipe: about 40 minutes on 2 cores) and commit "
         "frontend_model/training/weights/")
+
+
+def test_the_profile_the_first_readme_command_serves_is_the_release_restored_on_a_fresh_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`scripts/dev.sh serve` without a GPU serves `tiny-contextspan-trained`: on an empty cache, the committed release,
+    in seconds, asking for facts (`<ret>` not suppressed as in the random tiny checkpoints)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(training_checkpoint, "train_into", must_not_train)
+    model = load_model(TRAINED_PROFILE, device="cpu")
+    assert not model.random_weights and model.span.ret_id not in model.suppressed_text_ids
+    assert "trained here" in model.description
+    name = "transformer.layers.0.self_attn.in_projs.0.weight"
+    with safe_open(str(released_file(cache_key(TrainConfig()))), framework="pt") as file:
+        assert torch.equal(model.lm.state_dict()[name].float(), file.get_tensor(name).float())
