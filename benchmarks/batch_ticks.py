@@ -22,6 +22,7 @@ from frontend_model.engine.engine import GREEDY
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.loading.profiles import PROFILES
+from frontend_model.training.profile import profile_checkpoint
 from server.settings import ServerSettings
 
 WARM_TICKS = 5
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.span_frames > args.max_span_frames:
         parser.error(f"--span-frames {args.span_frames} is over --max-span-frames {args.max_span_frames}")
     torch.set_num_threads(args.torch_threads)
-    model = load_model(args.profile, args.checkpoint, device=args.device, context=args.context, reduced=args.reduced)
+    model = load_model(args.profile, profile_checkpoint(args.profile, args.checkpoint), device=args.device,
+                       context=args.context, reduced=args.reduced)
     per_round = max(1, args.ticks // args.rounds)
     samples: dict[tuple[int, int], list[float]] = {}
     memory: dict[int, dict[str, float] | None] = {}

@@ -33,6 +33,7 @@ from frontend_model.loading.profiles import PROFILES
 from frontend_model.span.block import Block
 from frontend_model.span.build import frames_block, placeholder_rows, tokenize_data_text
 from frontend_model.span.text_ids import non_text_ids
+from frontend_model.training.profile import profile_checkpoint
 
 SPAN_TEXT = (
     "According to the knowledge base, the museum opens every day except Tuesday from nine in the morning until "
@@ -187,7 +188,8 @@ def measure_exit(model: LoadedModel, repeats: int, trials: int, max_span: int) -
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    model = load_model(args.profile, args.checkpoint, device=args.device, context=args.context, reduced=args.reduced)
+    model = load_model(args.profile, profile_checkpoint(args.profile, args.checkpoint), device=args.device,
+                       context=args.context, reduced=args.reduced)
     frames = sorted(set(args.frames))
     max_span = args.max_span_frames
     rows = []

@@ -23,6 +23,7 @@ from frontend_model.engine.engine import GREEDY
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.loading.profiles import PROFILES
+from frontend_model.training.profile import profile_checkpoint
 from server.batching.window_keeper import WindowWork, keep_window
 from server.batching.window_policy import WindowPolicy
 from server.session.persona import build_persona_block, persona_and_voice
@@ -104,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.torch_threads)
-    model = load_model(args.profile, args.checkpoint, device=args.device, context=args.context, reduced=args.reduced)
+    model = load_model(args.profile, profile_checkpoint(args.profile, args.checkpoint), device=args.device,
+                       context=args.context, reduced=args.reduced)
     policy = WindowPolicy.for_context(model.span.context)
     deadline_s = ServerSettings().deadline_ms / 1e3
     paced = args.frames if args.paced is None else args.paced

@@ -122,11 +122,10 @@ def load_model(
         model.suppressed_text_ids = frozenset({model.span.ret_id, model.span.open_id, model.span.close_id})
         return model
     if profile == TRAINED_PROFILE:
-        from frontend_model.training.released import tiny_contextspan_checkpoint  # it loads models through here
-        from frontend_model.training.trainer import TrainConfig
-
-        path = tiny_contextspan_checkpoint(TrainConfig(seed=seed))
-        model = _load_checkpoint(profile, str(path), device, dtype, context)
+        if not checkpoint:
+            raise ModelLoadError(f"profile {TRAINED_PROFILE!r} loads the directory `contextspan train` wrote: "
+                                 "frontend_model.training.released.profile_checkpoint finds or makes it")
+        model = _load_checkpoint(profile, checkpoint, device, dtype, context)
         model.description = f"{profile}: the tiny Context Spanning model trained here (seed {seed})"
         return model
     if not checkpoint:

@@ -34,6 +34,7 @@ from frontend_model.engine.device_memory import (
 from frontend_model.engine.optimisations import Optimisations
 from frontend_model.loading.loader import LoadedModel, ModelLoadError, default_device, load_model
 from frontend_model.span.build import MIN_SPAN_FRAMES
+from frontend_model.training.profile import profile_checkpoint
 from server.batching.batcher import Batcher
 from server.batching.tick_scheduler import TICK_SHARE, admission_log, admit
 from server.batching.window_policy import WindowPolicy, resolve_window
@@ -135,7 +136,8 @@ def model_loader(settings: ServerSettings, profile: str, checkpoint: str | None)
 
     def load() -> LoadedModel:
         set_device(settings.device or default_device())
-        return load_model(profile, checkpoint, settings.device, None, None, settings.seed)
+        return load_model(profile, profile_checkpoint(profile, checkpoint, settings.seed), settings.device, None, None,
+                          settings.seed)
 
     return load
 

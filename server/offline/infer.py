@@ -184,10 +184,12 @@ def infer(settings: ServerSettings, source: Path, out: Path, events: Path | None
 
     from contextspan_client import load_wav
     from frontend_model.loading.loader import load_model
+    from frontend_model.training.profile import profile_checkpoint
 
     torch.set_num_threads(settings.torch_threads)
     profile, checkpoint = settings.resolved_profile(torch.cuda.is_available())
-    model = load_model(profile, checkpoint, settings.device, seed=settings.seed)
+    model = load_model(profile, profile_checkpoint(profile, checkpoint, settings.seed), settings.device,
+                       seed=settings.seed)
     backend = Backend.create(settings)
     backend.warm_up()
     pcm = load_wav(str(source))

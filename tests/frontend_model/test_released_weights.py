@@ -12,12 +12,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from frontend_model.loading.checkpoint.errors import ModelLoadError
 from frontend_model.loading.loader import load_model
 from frontend_model.loading.profiles import TRAINED_PROFILE
 from frontend_model.training import checkpoint as training_checkpoint
 from frontend_model.training.checkpoint import REPORT, VOICE_NAME, cache_key, trained_checkpoint
 from frontend_model.training.released import VOICE_KEY, release, released_file, tiny_contextspan_checkpoint
 from frontend_model.training.trainer import TrainConfig
+from server.app.routes import model_loader
+from server.settings import ServerSettings
 
 SHORT = TrainConfig(copy_steps=1, steps=1, batch_size=2, train_questions=2, train_chatter=1, context=40)
 
@@ -75,10 +78,13 @@ def test_the_profile_the_first_readme_command_serves_is_the_release_restored_on_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`scripts/dev.sh serve` without a GPU serves `tiny-contextspan-trained`: on an empty cache, the committed release,
-    in seconds, asking for facts (`<ret>` not suppressed as in the random tiny checkpoints)."""
+    in seconds, asking for facts (`<ret>` not suppressed as in the random tiny checkpoints). The server finds its
+    directory (`profile_checkpoint`); the loader, which training loads through, is handed it."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(training_checkpoint, "train_into", must_not_train)
-    model = load_model(TRAINED_PROFILE, device="cpu")
+    with pytest.raises(ModelLoadError, match="profile_checkpoint"):
+        load_model(TRAINED_PROFILE, device="cpu")
+    model = model_loader(ServerSettings(device="cpu"), TRAINED_PROFILE, None)()
     assert not model.random_weights and model.span.ret_id not in model.suppressed_text_ids
     assert "trained here" in model.description
     name = "transformer.layers.0.self_attn.in_projs.0.weight"
