@@ -124,7 +124,7 @@ def load_model(
     if profile == TRAINED_PROFILE:
         if not checkpoint:
             raise ModelLoadError(f"profile {TRAINED_PROFILE!r} loads the directory `contextspan train` wrote: "
-                                 "frontend_model.training.released.profile_checkpoint finds or makes it")
+                                 "frontend_model.training.profile.profile_checkpoint finds or makes it")
         model = _load_checkpoint(profile, checkpoint, device, dtype, context)
         model.description = f"{profile}: the tiny Context Spanning model trained here (seed {seed})"
         return model

@@ -31,7 +31,12 @@ def test_sigterm_drains_within_the_grace_period(tmp_path: Path, speech: np.ndarr
 
     async def run() -> tuple[StreamResult, int | None, int, float]:
         client = asyncio.create_task(stream(chat_url(server.ws, events=True), pcm))
-        await asyncio.sleep(2.0)
+        # SIGTERM once the session is live, however long a loaded host takes to start it: with none live yet, the
+        # drain has nothing to wait for and the server exits at once (a fixed 2 s was once too short, one core busy).
+        deadline = time.monotonic() + 60
+        while (await asyncio.to_thread(httpx.get, f"{server.http}/api/info", timeout=5)).json()["sessions"] < 1:
+            assert time.monotonic() < deadline and not client.done(), "the session never started"
+            await asyncio.sleep(0.1)
         server.process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         await asyncio.sleep(0.3)
