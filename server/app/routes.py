@@ -8,7 +8,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -58,6 +58,7 @@ from server.wire.outbound import OutboundQueue
 
 logger = logging.getLogger(__name__)
 
+ARRIVAL_SETTLE_S = 0.25  # how long a drain with nothing live still waits for a handshake under way
 RANDOM_WEIGHTS_BANNER = (
     "\n" + "!" * 100 + "\n"
     "!!  RANDOM WEIGHTS: profile {profile} has no trained checkpoint. The server works end to end, but the\n"
@@ -85,6 +86,7 @@ class ServerState:
     connections: ConnectionsPerAddress = field(init=False)
     resumes: Resumes | None = field(init=False)  # None: resume is off
     draining: bool = False
+    handlers: int = 0  # connections inside `open_session`: being admitted, or a session's
 
     def __post_init__(self) -> None:
         settings = self.settings
@@ -97,6 +99,16 @@ class ServerState:
 
     def ready(self) -> bool:
         return self.batcher is not None and self.worker is not None
+
+    @contextlib.contextmanager
+    def handling(self) -> Iterator[None]:
+        """A connection from its admission to its close: the drain waits for it, so that one admitted as SIGTERM came
+        gets its 1013 rather than a socket dropped by the exiting process."""
+        self.handlers += 1
+        try:
+            yield
+        finally:
+            self.handlers -= 1
 
     async def drain(self, grace_s: float) -> None:
         """SIGTERM: refuse new sessions, warn the live ones, let them run, close what is left before the grace ends.
@@ -122,11 +134,12 @@ class ServerState:
         for session in staying:
             session.notify_ending("server_shutdown", grace_s - close_margin)
         deadline = loop.time() + grace_s - close_margin
-        while self.sessions and loop.time() < deadline:
+        settled = loop.time() + min(ARRIVAL_SETTLE_S, grace_s / 4)  # a handshake under way reaches its handler
+        while (self.handlers or loop.time() < settled) and loop.time() < deadline:
             await asyncio.sleep(0.05)
         for session in list(self.sessions.values()):
             session.end(p.CLOSE_GOING_AWAY, p.close_reason("server_shutdown", "the server is shutting down"))
-        while self.sessions and loop.time() < deadline + close_margin:
+        while self.handlers and loop.time() < deadline + close_margin:
             await asyncio.sleep(0.02)
 
 
@@ -427,29 +440,30 @@ async def open_session(ws: WebSocket, state: ServerState, credential: str | None
     """Admission, auth and the per-address cap, then the session; `wire` None is `/api/chat`'s protocol.
     `api_key_accepted`: an operator API key opens a session directly (server-side Realtime clients), besides
     a single-use token."""
-    settings = state.settings
-    address = ws.client.host if ws.client else "unknown"
-    refusal = admission_refusal(ws, state)
-    if refusal is not None:
-        await deny(ws, state, *refusal)
-        return
-    if not state.connections.enter(address):
-        await deny(ws, state, 429, "too_many_connections",
-                   f"at most {settings.max_connections_per_ip} connections per address")
-        return
-    try:
-        # A resume token stands in for the session token: it is signed, bound to its user and checked once accepted.
-        resuming = "resume" in ws.query_params
-        if settings.api_keys and not resuming and not (api_key_accepted and
-                                                        auth.api_key_ok(credential, settings.api_keys)):
-            check = await redeem(state, credential)
-            if check is not auth.TokenCheck.OK:
-                await deny(ws, state, *TOKEN_REFUSALS[check])
-                return
-        await ws.accept(subprotocol=auth.accepted_subprotocol(ws.headers))
-        await serve_session(ws, state, wire)
-    finally:
-        state.connections.leave(address)
+    with state.handling():
+        settings = state.settings
+        address = ws.client.host if ws.client else "unknown"
+        refusal = admission_refusal(ws, state)
+        if refusal is not None:
+            await deny(ws, state, *refusal)
+            return
+        if not state.connections.enter(address):
+            await deny(ws, state, 429, "too_many_connections",
+                       f"at most {settings.max_connections_per_ip} connections per address")
+            return
+        try:
+            # A resume token stands in for the session token: it is signed, bound to its user and checked once accepted.
+            resuming = "resume" in ws.query_params
+            if settings.api_keys and not resuming and not (api_key_accepted and
+                                                            auth.api_key_ok(credential, settings.api_keys)):
+                check = await redeem(state, credential)
+                if check is not auth.TokenCheck.OK:
+                    await deny(ws, state, *TOKEN_REFUSALS[check])
+                    return
+            await ws.accept(subprotocol=auth.accepted_subprotocol(ws.headers))
+            await serve_session(ws, state, wire)
+        finally:
+            state.connections.leave(address)
 
 
 TOKEN_REFUSALS = {check: (status, f"token_{check.value}", message) for check, status, message in (
@@ -519,12 +533,19 @@ def _info(state: ServerState) -> dict[str, object]:
     }
 
 
+async def refused_draining(ws: WebSocket, state: ServerState) -> bool:
+    """Closes with 1013 once the server drains: the drain has taken its list of sessions to warn."""
+    if not state.draining:
+        return False
+    state.metrics.sessions.labels("refused_draining").inc()
+    await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason("draining", "the server is shutting down"))
+    return True
+
+
 async def serve_session(ws: WebSocket, state: ServerState,
                         wire: Callable[[OutboundQueue], SessionWire] | None = None) -> None:
     settings, metrics = state.settings, state.metrics
-    if state.draining:
-        metrics.sessions.labels("refused_draining").inc()
-        await ws.close(p.CLOSE_TRY_AGAIN, p.close_reason("draining", "the server is shutting down"))
+    if await refused_draining(ws, state):
         return
     batcher = state.batcher
     if not state.ready() or state.model is None or batcher is None:
@@ -537,6 +558,8 @@ async def serve_session(ws: WebSocket, state: ServerState,
         resumed = await take_over(ws, state, token, MoshiWire.protocol if wire is None else RealtimeWire.protocol)
         if resumed is None:
             return
+    if await refused_draining(ws, state):  # it drained while a resume was looked up
+        return
     try:
         options = SessionOptions.from_query(dict(ws.query_params), settings.persona)
         if resumed is not None:
