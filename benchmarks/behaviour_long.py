@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 import psutil
 
-from benchmarks.behaviour import SAID_RECALL, SERVER_FLAGS, Turn, score, stream_when_free
+from benchmarks.behaviour_scoring import SAID_RECALL, SERVER_FLAGS, Turn, score, stream_when_free
 from benchmarks.harness import StreamResult, start_server, stop_server
 from contextspan_client import chat_url
 from frontend_model.frame import SAMPLE_RATE

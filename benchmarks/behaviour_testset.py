@@ -23,7 +23,7 @@ from backend_agent.request import Answered, Request
 from backend_agent.router import Router
 from backend_agent.tools import build_catalogue
 from backend_agent.tools.numbers import replace_number_words
-from benchmarks.behaviour import LEAD_S, SERVER_FLAGS, Turn, answered, score, stream_when_free, words
+from benchmarks.behaviour_scoring import LEAD_S, SERVER_FLAGS, Turn, answered, score, stream_when_free, words
 from benchmarks.harness import start_server, stop_server
 from benchmarks.harness.testset import Conversation, FrozenTestSet, room_noise, say, word_edits
 from contextspan_client import chat_url

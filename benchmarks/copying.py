@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from backend_agent.tools.places import database_places
-from benchmarks.behaviour import SAID_RECALL, in_order_recall, words
+from benchmarks.behaviour_scoring import SAID_RECALL, in_order_recall, words
 from benchmarks.report import add_trained_checkpoint_flag, machine_info, save_json, trained_checkpoint
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.moshi_internals.row_sampling import RowSampler, RowSampling, SamplingConfig, Stream

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from frontend_model.engine.chunked_prefill import SpanPrefill
+from frontend_model.engine.costs import PrefillCost
 from frontend_model.engine.engine import (
     DEFAULT_MAX_SPAN_FRAMES,
     SAMPLED,
@@ -40,9 +40,6 @@ from frontend_model.moshi_internals.row_sampling import RowSampling
 from frontend_model.moshi_internals.row_view import active_rows, rows
 from frontend_model.moshi_internals.step_undo import Checkpoints, StepCheckpoint
 from frontend_model.span.block import Block, Prefix
-
-if TYPE_CHECKING:
-    from frontend_model.engine.calibration import PrefillCost
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,6 +17,7 @@ import torch
 from frontend_model.engine.batch_engine import BatchEngine, RowFault
 from frontend_model.engine.chunked_prefill import SpanPrefill
 from frontend_model.engine.codec import BatchFrameCodec, decoder_receptive_field
+from frontend_model.engine.costs import PrefillCost
 from frontend_model.engine.device_memory import drop_streaming_state, release_memory
 from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, GREEDY, SAMPLED, EngineStateError, SamplingConfig
 from frontend_model.engine.history import SessionHistory, replay, spoken_frames, start_recording
@@ -29,9 +29,6 @@ from frontend_model.moshi_internals.graphs import to_host
 from frontend_model.moshi_internals.row_sampling import RowSampling
 from frontend_model.span.block import Block, Prefix
 from frontend_model.span.build import SpanBuild
-
-if TYPE_CHECKING:
-    from frontend_model.engine.calibration import PrefillCost
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from moshi.models.lm import LMGen
 
 from frontend_model.engine.chunked_prefill import ChunkedPrefill, ScratchRow, SpanPrefill
+from frontend_model.engine.column_log import ColumnLog
 from frontend_model.engine.columns import delayed_columns, embed_columns, forward_last, initial_columns
+from frontend_model.engine.costs import PrefillCost
 from frontend_model.engine.optimisations import Optimisation, Optimisations
 from frontend_model.frame import FRAME_S
 from frontend_model.loading.loader import LoadedModel
@@ -36,10 +38,6 @@ from frontend_model.moshi_internals.row_view import rows
 from frontend_model.moshi_internals.streaming_state import stop_streaming
 from frontend_model.span.block import Block, Prefix
 from frontend_model.span.build import MIN_SPAN_FRAMES, SpanBuild, build_span
-
-if TYPE_CHECKING:
-    from frontend_model.engine.calibration import PrefillCost
-    from frontend_model.engine.history import ColumnLog
 
 DEFAULT_MAX_SPAN_FRAMES = 640
 NO_FRAME_BUDGET = "no_frame_budget"

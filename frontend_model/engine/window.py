@@ -29,9 +29,9 @@ from moshi.models.lm import LMModel
 from moshi.modules.transformer import StreamingMultiheadAttention
 
 from frontend_model.engine.chunked_prefill import ChunkedPrefill, ScratchRow
+from frontend_model.engine.column_log import ColumnLog
 from frontend_model.engine.columns import embed_columns, forward_last
 from frontend_model.engine.engine import Engine
-from frontend_model.engine.history import ColumnLog
 from frontend_model.moshi_internals.kv_ring import attention_layers
 from frontend_model.moshi_internals.row_view import rows
 from frontend_model.moshi_internals.streaming_state import streaming_modules

@@ -20,8 +20,9 @@ from starlette.websockets import WebSocketDisconnect
 
 from frontend_model.engine.batch_engine import RowFault
 from frontend_model.engine.batch_model import BatchedModel, capture_step_graphs, start_batch
-from frontend_model.engine.calibration import TickCost, calibrate_costs, no_span_budget_warning, tick_sizes
+from frontend_model.engine.calibration import calibrate_costs, no_span_budget_warning, tick_sizes
 from frontend_model.engine.chunked_prefill import SpanPrefill
+from frontend_model.engine.costs import TickCost
 from frontend_model.engine.device_memory import (
     DeviceMemory,
     device_memory,

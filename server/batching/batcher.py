@@ -25,7 +25,7 @@ import numpy as np
 
 from frontend_model.engine.batch_engine import RowFault
 from frontend_model.engine.batch_model import BatchedModel
-from frontend_model.engine.calibration import TickCost
+from frontend_model.engine.costs import TickCost
 from frontend_model.engine.history import SessionHistory
 from frontend_model.frame import FRAME_S, FRAME_SAMPLES
 from frontend_model.moshi_internals.row_sampling import RowSampling, SamplingConfig

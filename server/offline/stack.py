@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from frontend_model.engine.calibration import PrefillCost
 from frontend_model.engine.chunked_prefill import SpanPrefill
 from frontend_model.engine.codec import FrameCodec
+from frontend_model.engine.costs import PrefillCost
 from frontend_model.engine.engine import DEFAULT_MAX_SPAN_FRAMES, Engine
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.row_sampling import RowSampling

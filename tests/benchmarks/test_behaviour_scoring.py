@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from backend_agent.router import Router
 from backend_agent.tools import build_catalogue
-from benchmarks.behaviour import audible_questions, held_out_questions, held_out_voice, in_order_recall, words
+from benchmarks.behaviour import audible_questions, held_out_questions, held_out_voice
+from benchmarks.behaviour_scoring import in_order_recall, words
 
 
 def test_every_held_out_question_is_answered_by_the_built_in_router() -> None:

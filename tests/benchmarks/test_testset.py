@@ -15,7 +15,7 @@ import pytest
 from backend_agent.request import Answered
 from backend_agent.router import Router
 from backend_agent.tools import build_catalogue
-from benchmarks.behaviour import Turn, numbers_right, score
+from benchmarks.behaviour_scoring import Turn, numbers_right, score
 from benchmarks.behaviour_testset import SetTurn, routed, wer
 from benchmarks.harness import StreamResult
 from benchmarks.harness.testset import (

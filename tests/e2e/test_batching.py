@@ -15,7 +15,7 @@ from prometheus_client import Histogram
 
 from benchmarks.harness import stream
 from contextspan_client import chat_url
-from frontend_model.engine.calibration import PrefillCost, TickCost
+from frontend_model.engine.costs import PrefillCost, TickCost
 from frontend_model.loading.loader import load_model
 from server.app import routes as app_module
 from server.wire import protocol as p

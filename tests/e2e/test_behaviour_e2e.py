@@ -19,21 +19,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.behaviour import (
+from benchmarks.behaviour import ask, audible_questions, held_out_voice, question_audio
+from benchmarks.behaviour_long import EDGE_S, TAIL_S, call_audio, long_call, rolls, said_the_answer
+from benchmarks.behaviour_scoring import (
     SAID_RECALL,
     Turn,
     answered,
-    ask,
-    audible_questions,
-    held_out_voice,
     in_order_recall,
-    question_audio,
     score,
     stream_time,
     stream_when_free,
     words,
 )
-from benchmarks.behaviour_long import EDGE_S, TAIL_S, call_audio, long_call, rolls, said_the_answer
 from benchmarks.behaviour_testset import converse
 from benchmarks.harness import StreamResult
 from benchmarks.harness.testset import Conversation, SetQuestion, SetVoice

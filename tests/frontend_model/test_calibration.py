@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from frontend_model.engine.calibration import PrefillCost, calibrate_prefill, calibration_sizes, no_span_budget_warning
+from frontend_model.engine.calibration import calibrate_prefill, calibration_sizes, no_span_budget_warning
+from frontend_model.engine.costs import PrefillCost
 from frontend_model.engine.engine import GREEDY, NO_FRAME_BUDGET, Engine
 from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.loading.profiles import moshi_7b_lm_config

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from frontend_model.engine.batch_engine import BatchEngine
-from frontend_model.engine.calibration import PrefillCost, calibrate_prefill
+from frontend_model.engine.calibration import calibrate_prefill
 from frontend_model.engine.chunked_prefill import ChunkedPrefill, SpanPrefill, chunk_sizes, power_of_two_chunks
+from frontend_model.engine.costs import PrefillCost
 from frontend_model.engine.engine import GREEDY, Engine
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.moshi_internals.graphs import REPLAY_ENV

@@ -14,8 +14,9 @@ from moshi.utils.compile import CUDAGraphed
 
 from frontend_model.engine import calibration, chunked_prefill, optimisations
 from frontend_model.engine.batch_model import BatchedModel, start_batch
-from frontend_model.engine.calibration import PrefillCost, assumed_cost, calibrate_costs, calibrate_prefill
+from frontend_model.engine.calibration import calibrate_costs, calibrate_prefill
 from frontend_model.engine.chunked_prefill import SpanPrefill
+from frontend_model.engine.costs import PrefillCost, assumed_cost
 from frontend_model.engine.device_memory import streaming_bytes
 from frontend_model.engine.engine import GREEDY, Engine
 from frontend_model.engine.optimisations import Optimisations

@@ -60,3 +60,58 @@ def test_the_model_and_the_backend_import_neither_the_server_nor_each_other_trai
                           for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
                           for name in imported(node) if name.split(".")[0] in forbidden]
     assert offenders == []
+
+
+def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
+    """Which product modules each one imports, wherever the import stands (deferred, under TYPE_CHECKING)."""
+    graph: dict[str, set[str]] = {}
+    for name, source in modules.items():
+        graph[name] = set()
+        for node in ast.walk(ast.parse(source)):
+            named = imported(node)
+            if isinstance(node, ast.ImportFrom) and node.module:
+                named = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            graph[name] |= {other for other in named if other in modules and other != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import graph's strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while (top := stack.pop()) != module:
+                component.append(top)
+            if component:
+                found.append(sorted([module, *component]))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_the_circle_check_finds_a_deferred_and_a_type_only_circle() -> None:
+    modules = {"a": "from b import f\n", "b": "def f():\n    from a import g\n",
+               "c": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from d import X\n", "d": "import c\n",
+               "e": "import a\n"}
+    assert circles(import_graph(modules)) == [["a", "b"], ["c", "d"]]
+
+
+def test_no_product_modules_import_each_other_in_a_circle() -> None:
+    modules = {".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path.read_text()
+               for package in PRODUCT for path in sorted((ROOT / package).rglob("*.py"))}
+    assert circles(import_graph(modules)) == []

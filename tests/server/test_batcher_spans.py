@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from frontend_model.engine.batch_model import BatchedModel
-from frontend_model.engine.calibration import PrefillCost, TickCost
+from frontend_model.engine.costs import PrefillCost, TickCost
 from frontend_model.engine.history import SessionHistory
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import load_model

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from frontend_model.engine.calibration import PrefillCost, TickCost, tick_sizes
+from frontend_model.engine.calibration import tick_sizes
+from frontend_model.engine.costs import PrefillCost, TickCost
 from server.batching.tick_scheduler import (
     MARGIN_S,
     MAX_DEFERS,
