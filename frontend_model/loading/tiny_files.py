@@ -33,7 +33,7 @@ from frontend_model.loading.random_weights import random_models
 from frontend_model.loading.tiny_tokenizer import cache_root, tiny_tokenizer_path
 from frontend_model.span.placeholders import compute_placeholder_codes
 
-FORMAT_VERSION = 1  # bump when what is written changes, so that caches are rewritten
+FORMAT_VERSION = 2  # bump when what is written changes, so that caches are rewritten
 VOICE_FRAMES = 10
 MIMI_CONFIG_NAME = "mimi_config.json"
 

@@ -26,7 +26,7 @@ from moshi.models import loaders
 
 from backend_agent import question, request, router
 from backend_agent.tools import arithmetic, clock, date, numbers, places, time_in_place, unit_conversion
-from frontend_model.loading import tiny_files
+from frontend_model.loading import babble, random_weights, tiny_files
 from frontend_model.loading.checkpoint.files import CONTEXT_SPANNING_WEIGHTS, OWN_CONFIG
 from frontend_model.loading.loader import load_model
 from frontend_model.loading.profiles import TINY_LM_CONFIG, TINY_MIMI_CONFIG
@@ -42,9 +42,10 @@ VOICE_NAME = "agent"
 REPORT = "training.json"
 PREFIX = "contextspan-tiny-"
 # Every module whose code shapes the training data or the weights (the router, its question finder and its tools write
-# the spans; the server's leveller shapes the user's audio).
-_SOURCES = (convention, block, build, config, normaliser, tiny_files, data, recipes, served, speech, trainer, router,
-            question, request, arithmetic, clock, date, numbers, places, time_in_place, unit_conversion, leveller)
+# the spans; the server's leveller shapes the user's audio; the random codec's codebooks shape what it hears).
+_SOURCES = (convention, block, build, config, normaliser, babble, random_weights, tiny_files, data, recipes, served,
+            speech, trainer, router, question, request, arithmetic, clock, date, numbers, places, time_in_place,
+            unit_conversion, leveller)
 
 
 def cache_key(train_config: TrainConfig) -> str:
