@@ -414,10 +414,29 @@ class Assembler:
         frames = torch.cat(parts, dim=1)
         for inject, answer in answers:
             frames[0, inject:inject + len(answer)] = torch.tensor(answer, dtype=frames.dtype)
+        sequence = self.laid(frames, rets, spans, answers, prefix)
+        if window is None or sequence.columns.shape[1] <= window:
+            return sequence
+        if prefix is None:
+            return sequence.last(window)
+        # As a rolled window reads a long session: the prefix, then the most recent frames (a serving window keeps the
+        # prefix; a window cut from the front lost it, and the model never saw a prefix followed by the middle of a
+        # conversation: 4 frames of a settled room after it, it asked). The frames kept are the most recent that fit
+        # with their spans.
+        excess, cut = sequence.columns.shape[1] - window, 0
+        while excess > 0:
+            excess -= 1 + sum(len(block.text_ids) for block in spans if block.frame == cut)
+            cut += 1
+        return self.laid(frames[:, cut:], [r - cut for r in rets if r >= cut],
+                         [SpanAt(block.frame - cut, block.text_ids) for block in spans if block.frame >= cut],
+                         [(at_ - cut, answer) for at_, answer in answers if at_ >= cut], prefix)
+
+    def laid(self, frames: torch.Tensor, rets: list[int], spans: list[SpanAt], answers: list[tuple[int, list[int]]],
+             prefix: Prefix | None) -> Sequence:
+        a = self.span.agent_codebooks
         conversation = Conversation(frames[0], frames[1:1 + a], frames[1 + a:], tuple(rets), tuple(spans), prefix)
-        sequence = self.layout(assemble(conversation, self.span, LossWeights(ret=RET_WEIGHT, pad=PAD_WEIGHT)),
-                               [(at_, len(answer)) for at_, answer in answers])
-        return sequence if window is None else sequence.last(window)
+        return self.layout(assemble(conversation, self.span, LossWeights(ret=RET_WEIGHT, pad=PAD_WEIGHT)),
+                           [(at_, len(answer)) for at_, answer in answers])
 
     def layout(self, assembled: Assembled, answers: list[tuple[int, int]]) -> Sequence:
         """The convention's columns; weights aligned with them (column j + 1 holds the text of frame j)."""

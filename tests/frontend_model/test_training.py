@@ -305,7 +305,11 @@ def test_the_user_is_quiet_in_training_as_a_quiet_microphone_encodes_when_servin
     finally:
         codec.close()
     a = assembler(model)
-    assert torch.equal(a.quiet(240)[1 + model.span.agent_codebooks:], served)
+    trained = a.quiet(240)[1 + model.span.agent_codebooks:]
+    # Training encodes the room at once, serving a frame at a time: float error apart, the same. Where a late residual
+    # stage's two nearest codewords tie within it (1 frame of 240 here, in the last three codebooks), either may come.
+    differ = trained != served
+    assert not differ[0].any() and differ.float().mean() < 0.01, differ.nonzero().tolist()
     assert torch.equal(a.quiet(40, at=200)[1 + model.span.agent_codebooks:], served[:, 200:])
 
 
@@ -441,6 +445,30 @@ def test_multi_turn_conversations_ret_after_every_question_and_never_after_chatt
         answered = {c for said in sequence.answer_columns for c in said}
         barge_in += any(heard[c] in (ASKED, FOLLOWED) for c in answered)
     assert several > 10 and follow_up > 5 and barge_in > 2, (several, follow_up, barge_in)
+
+
+def test_a_window_keeps_the_persona_prefix_then_the_most_recent_frames(model: LoadedModel) -> None:
+    """As a rolled window reads a long session: a window cut from the front would leave a conversation with no
+    prefix, or a prefix followed at once by the middle of one, which training never showed (served, the model asked
+    there)."""
+    assembler, corpus = fake_corpus(model)
+    window, cut, delays = 120, 0, model.lm.delays
+    for seed in range(60):
+        full = assembler.conversation(random.Random(seed), corpus, 8, 3)
+        kept = assembler.conversation(random.Random(seed), corpus, 8, 3, window=window)
+        assert kept.columns.shape[1] <= window
+        prefix = int((full.weights > 0).nonzero()[0])
+        if not full.ret_columns or full.columns.shape[1] <= window or prefix < 10:
+            continue  # the room only (its length is drawn from the window), short, or no prefix
+        cut += 1
+        assert torch.equal(kept.columns[:, :prefix], full.columns[:, :prefix]), "the prefix is kept whole"
+        recent = kept.columns.shape[1] - prefix
+        differ = (kept.columns[:, -recent:] != full.columns[:, -recent:]).nonzero()
+        # Then the most recent frames: but the first kept frame's delayed codebooks, which read the frame before it.
+        assert len(set(differ[:, 1].tolist())) <= 1 and all(delays[row] > 0 for row in differ[:, 0].tolist())
+        assert [r - full.columns.shape[1] for r in full.ret_columns if r >= full.columns.shape[1] - recent] == [
+            r - kept.columns.shape[1] for r in kept.ret_columns]
+    assert cut > 5, cut
 
 
 def test_the_trained_default_persona_s_prefix_fits_well_inside_the_attention_context(model: LoadedModel) -> None:
