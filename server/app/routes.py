@@ -8,7 +8,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -101,15 +101,10 @@ class ServerState:
     def ready(self) -> bool:
         return self.batcher is not None and self.worker is not None
 
-    @contextlib.contextmanager
-    def handling(self) -> Iterator[None]:
+    def handling(self) -> Handling:
         """A connection from its admission to its close: the drain waits for it, so that one admitted as SIGTERM came
         gets its 1013 rather than a socket dropped by the exiting process."""
-        self.handlers += 1
-        try:
-            yield
-        finally:
-            self.handlers -= 1
+        return Handling(self)
 
     async def drain(self, grace_s: float) -> None:
         """SIGTERM: refuse new sessions, warn the live ones, let them run, close what is left before the grace ends.
@@ -142,6 +137,19 @@ class ServerState:
             session.end(p.CLOSE_GOING_AWAY, p.close_reason("server_shutdown", "the server is shutting down"))
         while self.handlers and loop.time() < deadline + close_margin:
             await asyncio.sleep(0.02)
+
+
+@dataclass
+class Handling:
+    """`ServerState.handling`: a plain context manager (no generator frame for an exception to hold on to)."""
+
+    state: ServerState
+
+    def __enter__(self) -> None:
+        self.state.handlers += 1
+
+    def __exit__(self, *_: object) -> None:
+        self.state.handlers -= 1
 
 
 def model_loader(settings: ServerSettings, profile: str, checkpoint: str | None) -> Callable[[], LoadedModel]:

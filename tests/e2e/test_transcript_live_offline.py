@@ -45,9 +45,12 @@ def test_a_live_session_and_infer_write_the_same_transcript_of_the_same_frames(s
     backend = Backend.create(settings)
     sampling = RowSampling.from_config(SamplingConfig(), int(SEEDS["text_seed"]), int(SEEDS["audio_seed"]))
 
+    # The frames were recorded as the live session stepped them, its leveller's output: not levelled a second time.
+    stepped_as_is = settings.model_copy(update={"level_user_audio": False})
+
     async def offline() -> list[Any]:
         try:
-            session = OfflineSession(model, backend, settings, sampling=sampling)
+            session = OfflineSession(model, backend, stepped_as_is, sampling=sampling)
             return (await session.run(np.concatenate(stepped))).events
         finally:
             await backend.aclose()
