@@ -14,6 +14,7 @@ import contextlib
 import gc
 import logging
 import time
+import types
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -81,6 +82,34 @@ def left_behind(refs: Tracked) -> list[str]:
     return sorted(name for name, ref in refs if ref() is not None)
 
 
+def holders(refs: Tracked) -> dict[str, list[str]]:
+    """What refers to each object left behind (and, for a `__dict__` or a cell, what holds that): a failure under
+    load, which runs alone do not reproduce, names the holder rather than only the held."""
+    def described(referrer: object) -> str:
+        if isinstance(referrer, types.FrameType):
+            return f"frame {referrer.f_code.co_qualname} line {referrer.f_lineno}"
+        if isinstance(referrer, types.CoroutineType):
+            return f"coroutine {referrer.cr_code.co_qualname}"
+        return type(referrer).__qualname__
+
+    found: dict[str, list[str]] = {}
+    for name, ref in refs:
+        held = ref()
+        if held is None:
+            continue
+        described_referrers = []
+        referrers = gc.get_referrers(held)
+        for referrer in referrers:
+            if isinstance(referrer, (dict, types.CellType, tuple, list)):
+                owners = [described(owner) for owner in gc.get_referrers(referrer)
+                          if owner is not held and owner is not referrers][:4]
+                described_referrers.append(f"{described(referrer)} of {owners}")
+            else:
+                described_referrers.append(described(referrer))
+        found[f"{name} {id(held):x}"] = described_referrers
+    return found
+
+
 async def released(refs: Tracked) -> list[str]:
     """What is still alive once the server has had `RELEASE_TIMEOUT_S` to finish its teardown (empty at once if
     nothing is held by a cycle)."""
@@ -129,11 +158,11 @@ def test_sessions_leave_nothing_behind_without_gc(tmp_path: Path, speech: np.nda
             await session(server, speech, 30, span_at=15, abort=False)
             created = {name for name, _ in alive}
             assert {"Session", "Retrieval", "SessionRecording", "SpanRequest", "FrameOutput"} <= created, created
-            assert await released(alive) == [], "normal end"
+            assert await released(alive) == [], f"normal end: {holders(alive)}"
             alive.clear()
 
             await session(server, speech, 30, span_at=15, abort=True)
-            assert await released(alive) == [], "dropped mid-span"
+            assert await released(alive) == [], f"dropped mid-span: {holders(alive)}"
             alive.clear()
 
             # One slot: a second client is refused 1013 while the first streams; then both end.
@@ -148,14 +177,14 @@ def test_sessions_leave_nothing_behind_without_gc(tmp_path: Path, speech: np.nda
             with pytest.raises(websockets.ConnectionClosed):
                 await asyncio.wait_for(refused.recv(), timeout=30)
             assert refused.close_code == p.CLOSE_TRY_AGAIN, refused.close_reason
-            assert await released(alive[held:]) == [], "refused at capacity"
+            assert await released(alive[held:]) == [], f"refused at capacity: {holders(alive[held:])}"
             await holder.close()
-            assert await released(alive) == [], "the session that held the slot"
+            assert await released(alive) == [], f"the session that held the slot: {holders(alive)}"
             alive.clear()
 
             monkeypatch.setattr(Batcher, "_slot_frame", break_slot_frame(FAULT_FRAME, injected_step_fault))
             faulted = await session(server, speech, FAULT_FRAME + 10, span_at=None, abort=False)
             assert faulted.close_code == p.CLOSE_INTERNAL, faulted.close_reason
-            assert await released(alive) == [], "closed by a fault"
+            assert await released(alive) == [], f"closed by a fault: {holders(alive)}"
 
         asyncio.run(scenarios())

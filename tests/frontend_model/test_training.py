@@ -17,6 +17,7 @@ import torch
 from backend_agent.request import Answered, Request
 from backend_agent.router import Router
 from backend_agent.tools import build_catalogue
+from benchmarks.harness.testset import word_edits
 from frontend_model.engine.codec import FrameCodec
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel, load_model
@@ -157,15 +158,6 @@ def test_held_out_questions_and_voices_are_not_the_training_ones() -> None:
     held = {draw_exchange(random.Random(i), "held_out").question for i in range(300)}
     assert not train & held
     assert not set(TRAIN_VOICES) & set(HELD_OUT_VOICES)
-
-
-def word_edits(one: list[str], other: list[str]) -> int:
-    row = list(range(len(other) + 1))
-    for i, word in enumerate(one, start=1):
-        previous, row[0] = row[0], i
-        for j, theirs in enumerate(other, start=1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (word != theirs))
-    return row[-1]
 
 
 def template_words(template: str) -> list[str]:
