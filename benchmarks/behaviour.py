@@ -2,12 +2,15 @@
 
 A server runs `--profile contextspan --checkpoint DIR` (the tiny model trained by `contextspan train`, from the
 cache), trigger `auto` (-> `ret`), the real Whisper and the built-in router, no forcing hook, the server's default
-span deadline and question wait. Two sets of spoken questions stream in over the real WebSocket + Opus path:
+span deadline and question wait. Sets of spoken questions stream in over the real WebSocket + Opus path:
 
 - the test set (`benchmarks/harness/testset.py`, scored by `benchmarks/behaviour_testset.py`): frozen, never used to
   choose a recipe; conversations of several questions with follow-ups, phrasings and voices training never used;
 - the development set: the recipes' held-out questions (sentences and a voice training never used), one a session;
   recipes were chosen while looking at it, so it flatters;
+- development conversations (`--set conversations`, `benchmarks/development_conversations.py`): the test set's shape
+  (a question, its follow-up, another) in the recipes' held-out phrasings, to choose recipes on what the test set
+  measures, `<ret>` by a question's place in its conversation;
 - a long call (`--set long`, `benchmarks/behaviour_long.py`): the development set's questions every few seconds in
   one session of minutes, past many windows of the model's context, and the server's RSS across it.
 
@@ -43,6 +46,7 @@ from backend_agent.tools import build_catalogue
 from benchmarks.behaviour_long import long_table, run_long
 from benchmarks.behaviour_scoring import LEAD_S, SERVER_FLAGS, Turn, answered, score, stream_when_free
 from benchmarks.behaviour_testset import TURN_GAP_S, run_testset, testset_table, whisper_wer
+from benchmarks.development_conversations import development_conversations
 from benchmarks.harness import start_server, stop_server
 from benchmarks.harness.testset import load_testset
 from benchmarks.report import add_trained_checkpoint_flag, machine_info, save_json, trained_checkpoint
@@ -172,9 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="contextspan bench behaviour", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_trained_checkpoint_flag(parser)
-    parser.add_argument("--set", nargs="+", choices=["test", "development", "long"], default=["test", "development"],
+    parser.add_argument("--set", nargs="+", choices=["test", "development", "conversations", "long"],
+                        default=["test", "development"],
                         help="the frozen test set (conversations, unseen voices), the development set (the recipes' "
-                        "held-out questions, one a session), a long call (those questions throughout one session)")
+                        "held-out questions, one a session), development conversations (the test set's shape, the "
+                        "recipes' held-out phrasings), a long call (those questions throughout one session)")
     parser.add_argument("--long-s", type=float, default=600.0, help="long call: its length")
     parser.add_argument("--every-s", type=float, default=10.0, help="long call: a question this often")
     parser.add_argument("--questions", type=int, default=20, help="development set: how many")
@@ -208,6 +214,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(testset_table(rows[-1:]).splitlines()[-1], flush=True)
         print("test set\n" + testset_table(rows))
         report["test"] = rows
+    if "conversations" in args.set:
+        conversations = development_conversations()
+        rows = [run_testset(checkpoint, prefill, batch, conversations, False, serve_with, args.turn_gap_s,
+                            label="development conversations")
+                for prefill in args.prefill for batch in args.batch]
+        print("development conversations\n" + testset_table(rows))
+        report["conversations"] = rows
     if "development" in args.set:
         questions = held_out_questions(args.questions)
         rows = []

@@ -142,7 +142,20 @@ def testset_summary(turns: Sequence[SetTurn]) -> dict[str, Any]:
         "heard_wer": wer(*zip(*[(t.turn.question, t.turn.heard) for t in turns if t.turn.heard], strict=True))
         if any(t.turn.heard for t in turns) else None,
         "median_question_end_to_ret_ms": round(statistics.median(rets), 1) if rets else None,
+        "ret_recall_by_position": by_position(turns),
     }
+
+
+def by_position(turns: Sequence[SetTurn]) -> list[float | None]:
+    """`<ret>` recall of each conversation's first question, second, ...: later ones are a model's weak spot."""
+    positions: list[list[bool]] = []
+    seen: Counter[str] = Counter()
+    for t in turns:
+        at = seen[t.conversation]
+        seen[t.conversation] += 1
+        positions += [[] for _ in range(at + 1 - len(positions))]
+        positions[at].append(t.turn.asked)
+    return [share(sum(asked), len(asked)) for asked in positions]
 
 
 def wer(references: Sequence[str], hypotheses: Sequence[str]) -> float | None:
@@ -167,7 +180,7 @@ def whisper_wer(testset: FrozenTestSet, decoding: Decoding | None = None) -> dic
 
 
 def run_testset(checkpoint: Path, prefill: str, batch: int, testset: FrozenTestSet, false_ask: bool,
-                serve_with: Sequence[str] = (), gap_s: float = TURN_GAP_S) -> dict[str, Any]:
+                serve_with: Sequence[str] = (), gap_s: float = TURN_GAP_S, label: str = "test") -> dict[str, Any]:
     """One server, default settings but for `serve_with`: the conversations `batch` at a time, then (if `false_ask`)
     chatter and noise."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -186,7 +199,7 @@ def run_testset(checkpoint: Path, prefill: str, batch: int, testset: FrozenTestS
             quiet = asyncio.run(false_asks(ws, testset)) if false_ask else {}
         finally:
             stop_server(process)
-    return {"set": "test", "prefill": prefill, "batch": batch, "serve_with": list(serve_with), "turn_gap_s": gap_s,
+    return {"set": label, "prefill": prefill, "batch": batch, "serve_with": list(serve_with), "turn_gap_s": gap_s,
             **testset_summary(turns), **quiet,
             "turns": [{**asdict(t), "outcome": t.outcome} for t in turns]}
 
@@ -198,7 +211,8 @@ def percent(value: float | None) -> str:
 def testset_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| prefill | sessions | `<ret>` recall | tool answer said exactly | answered right | follow-ups answered "
              "| abstain spans (said) | misses: no `<ret>` / dropped / misheard / said wrong | heard WER "
-             "| `<ret>`/min chatter | `<ret>`/min room noise |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| `<ret>`/min chatter | `<ret>`/min room noise | `<ret>` by question of a conversation |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         o = r["outcomes"]
         lines.append(
@@ -206,5 +220,6 @@ def testset_table(rows: list[dict[str, Any]]) -> str:
             f"of {r['tool_spans']} | {percent(r['answered'])} of {r['questions']} | {percent(r['follow_ups_answered'])}"
             f" of {r['follow_ups']} | {r['abstain_spans']} ({percent(r['abstain_said'])}) | {o.get('no <ret>', 0)} / "
             f"{o.get('span dropped', 0) + o.get('no span', 0)} / {o.get('misheard', 0)} / {o.get('said wrong', 0)} | "
-            f"{r['heard_wer']} | {r.get('chatter_rets_per_min', '-')} | {r.get('noise_rets_per_min', '-')} |")
+            f"{r['heard_wer']} | {r.get('chatter_rets_per_min', '-')} | {r.get('noise_rets_per_min', '-')} | "
+            f"{', '.join(percent(p) for p in r.get('ret_recall_by_position', []))} |")
     return "\n".join(lines)
