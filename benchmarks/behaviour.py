@@ -209,14 +209,14 @@ def main(argv: list[str] | None = None) -> int:
         for prefill in args.prefill:
             for batch in args.batch:
                 # Chatter and room noise once per prefill, alone: they do not depend on the batch.
-                rows.append(run_testset(checkpoint, prefill, batch, testset, batch == args.batch[0], serve_with,
-                                        args.turn_gap_s))
+                rows.append(run_testset(checkpoint, prefill, batch, testset.conversations,
+                                        testset if batch == args.batch[0] else None, serve_with, args.turn_gap_s))
                 print(testset_table(rows[-1:]).splitlines()[-1], flush=True)
         print("test set\n" + testset_table(rows))
         report["test"] = rows
     if "conversations" in args.set:
         conversations = development_conversations()
-        rows = [run_testset(checkpoint, prefill, batch, conversations, False, serve_with, args.turn_gap_s,
+        rows = [run_testset(checkpoint, prefill, batch, conversations, None, serve_with, args.turn_gap_s,
                             label="development conversations")
                 for prefill in args.prefill for batch in args.batch]
         print("development conversations\n" + testset_table(rows))

@@ -179,16 +179,16 @@ def whisper_wer(testset: FrozenTestSet, decoding: Decoding | None = None) -> dic
     return {"wer": wer([r["question"] for r in rows], [r["heard"] for r in rows]), "rows": rows}
 
 
-def run_testset(checkpoint: Path, prefill: str, batch: int, testset: FrozenTestSet, false_ask: bool,
-                serve_with: Sequence[str] = (), gap_s: float = TURN_GAP_S, label: str = "test") -> dict[str, Any]:
-    """One server, default settings but for `serve_with`: the conversations `batch` at a time, then (if `false_ask`)
-    chatter and noise."""
+def run_testset(checkpoint: Path, prefill: str, batch: int, conversations: Sequence[Conversation],
+                false_asks_in: FrozenTestSet | None = None, serve_with: Sequence[str] = (),
+                gap_s: float = TURN_GAP_S, label: str = "test") -> dict[str, Any]:
+    """One server, default settings but for `serve_with`: the conversations `batch` at a time, then (given a set in
+    `false_asks_in`) its chatter and noise."""
     with tempfile.TemporaryDirectory() as tmp:
         process, http = start_server(Path(tmp), "--profile", "contextspan", "--checkpoint", str(checkpoint),
                                      "--max-sessions", str(batch), "--span-prefill", prefill, *SERVER_FLAGS,
                                      *serve_with)
         ws = "ws" + http.removeprefix("http")
-        conversations = testset.conversations
         try:
             turns: list[SetTurn] = []
             for lo in range(0, len(conversations), batch):
@@ -196,7 +196,7 @@ def run_testset(checkpoint: Path, prefill: str, batch: int, testset: FrozenTestS
                     return await asyncio.gather(*[converse(ws, c, gap_s) for c in part])
 
                 turns += [t for group in asyncio.run(some()) for t in group]
-            quiet = asyncio.run(false_asks(ws, testset)) if false_ask else {}
+            quiet = asyncio.run(false_asks(ws, false_asks_in)) if false_asks_in else {}
         finally:
             stop_server(process)
     return {"set": label, "prefill": prefill, "batch": batch, "serve_with": list(serve_with), "turn_gap_s": gap_s,

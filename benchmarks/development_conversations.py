@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from benchmarks.harness.testset import Conversation, FrozenTestSet, SetQuestion, SetVoice
+from benchmarks.harness.testset import Conversation, SetQuestion, SetVoice
 from frontend_model.training.recipes import (
     HELD_OUT_VOICES,
     TRAIN_VOICES,
@@ -26,7 +26,7 @@ from frontend_model.training.recipes import (
 SEED = 4848
 
 
-def development_conversations(count: int = 8, seed: int = SEED) -> FrozenTestSet:
+def development_conversations(count: int = 8, seed: int = SEED) -> tuple[Conversation, ...]:
     """`count` conversations of three questions: a held-out question of a kind with follow-ups, a held-out follow-up
     of it, then a held-out question of any kind; every other one in the held-out voice, the rest in training voices."""
     rng = random.Random(seed)
@@ -42,4 +42,4 @@ def development_conversations(count: int = 8, seed: int = SEED) -> FrozenTestSet
                      SetQuestion(first.kind, draw_follow_up(rng, "held_out", first.kind), {}, True),
                      SetQuestion(then.kind, then.question, {}, False))
         conversations.append(Conversation(f"d{i + 1}", SetVoice("espeak-ng", name, rng.randint(135, 185)), questions))
-    return FrozenTestSet(tuple(conversations), (), {})
+    return tuple(conversations)

@@ -14,7 +14,7 @@ from frontend_model.training.recipes import HELD_OUT_VOICES
 
 def test_each_conversation_asks_a_question_its_follow_up_and_another_the_router_answers_in_turn() -> None:
     router = Router(build_catalogue())
-    conversations = development_conversations().conversations
+    conversations = development_conversations()
     assert len(conversations) == 8
     for conversation in conversations:
         assert [q.follow_up for q in conversation.questions] == [False, True, False]
@@ -28,8 +28,8 @@ def test_each_conversation_asks_a_question_its_follow_up_and_another_the_router_
 
 
 def test_they_are_development_data_apart_from_the_test_set_and_the_same_every_time() -> None:
-    conversations = development_conversations().conversations
-    assert conversations == development_conversations().conversations
+    conversations = development_conversations()
+    assert conversations == development_conversations()
     assert sum(c.voice.name in HELD_OUT_VOICES for c in conversations) == 4
     test_questions = {q.text.lower() for c in load_testset().conversations for q in c.questions}
     assert not test_questions & {q.text.lower() for c in conversations for q in c.questions}

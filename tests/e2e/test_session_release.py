@@ -83,8 +83,8 @@ def left_behind(refs: Tracked) -> list[str]:
 
 
 def holders(refs: Tracked) -> dict[str, list[str]]:
-    """What refers to each object left behind (and, for a `__dict__` or a cell, what holds that): a failure under
-    load, which runs alone do not reproduce, names the holder rather than only the held."""
+    """What refers to each object left behind (and, for a `__dict__`, cell, tuple or list among those, what holds that):
+    a failure under load, which runs alone do not reproduce, names the holder rather than only the held."""
     def described(referrer: object) -> str:
         if isinstance(referrer, types.FrameType):
             return f"frame {referrer.f_code.co_qualname} line {referrer.f_lineno}"
