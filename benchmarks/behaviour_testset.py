@@ -12,6 +12,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ class SetTurn:
     intent: str
     follow_up: bool
     turn: Turn
-    misheard: bool  # the router answers what the server heard otherwise than the question as written
+    misheard: bool  # the router's answer to what the server heard is not its answer to the question as written
 
     @property
     def outcome(self) -> str:
@@ -78,13 +79,20 @@ def routed(router: Router, text: str, history: tuple[Answered, ...]) -> Answered
     return Answered(text, answer.tool, answer.arguments, answer.text) if answer else None
 
 
+def misheard(want: Answered | None, got: Answered | None) -> bool:
+    """Whether the router's answer to what was heard (`got`) is not its answer to what was said (`want`): compared by
+    the answer, not the arguments ("liters" and "litres" are one conversion), so both are routed at one instant."""
+    return got is None or want is None or (got.tool, got.text) != (want.tool, want.text)
+
+
 async def converse(ws: str, conversation: Conversation, gap_s: float = TURN_GAP_S) -> list[SetTurn]:
     """One session asks the conversation's questions in turn, `gap_s` apart; each is scored from its own `<ret>`."""
     pcm, spans = conversation_audio(conversation, gap_s)
     last_start, last_end = spans[-1]
     result = await stream_when_free(chat_url(ws, events=True), pcm, until=answered(last_end, last_start),
                                     until_timeout_s=40.0)
-    router = Router(build_catalogue())
+    now = datetime.now(UTC)  # one instant for both answers: they are compared by their text
+    router = Router(build_catalogue(clock=lambda: now))
     written: tuple[Answered, ...] = ()
     heard: tuple[Answered, ...] = ()
     turns = []
@@ -93,9 +101,8 @@ async def converse(ws: str, conversation: Conversation, gap_s: float = TURN_GAP_
         turn = score(question.text, end, result, start, until)
         want = routed(router, question.text, written)
         got = routed(router, turn.heard, heard) if turn.heard else None
-        misheard = got is None or want is None or (got.tool, got.arguments) != (want.tool, want.arguments)
         turns.append(SetTurn(conversation.id, conversation.voice.label(), question.intent, question.follow_up, turn,
-                             misheard))
+                             misheard(want, got)))
         written += (want,) if want else ()
         heard += (got,) if got else ()
     return turns

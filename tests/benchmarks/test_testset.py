@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +17,7 @@ from backend_agent.request import Answered
 from backend_agent.router import Router
 from backend_agent.tools import build_catalogue
 from benchmarks.behaviour_scoring import Turn, numbers_right, score
-from benchmarks.behaviour_testset import SetTurn, routed, wer
+from benchmarks.behaviour_testset import SetTurn, misheard, routed, wer
 from benchmarks.harness import StreamResult
 from benchmarks.harness.testset import (
     MIN_EDITS,
@@ -131,6 +132,14 @@ def test_abstain_turns_are_apart_from_tool_answers_and_misheard_is_a_miss_of_its
     assert SetTurn("c1", "flite:slt", "math", True, tool, misheard=False).outcome == "answered"
     silent = Turn("q", False, None, None, "", 0.0, None, None, None)
     assert SetTurn("c1", "flite:slt", "math", True, silent, misheard=True).outcome == "no <ret>"
+
+
+def test_a_question_heard_in_other_spelling_is_not_misheard_when_the_tool_answers_it_alike() -> None:
+    router = Router(build_catalogue(clock=lambda: datetime(2026, 12, 6, 9, 30, tzinfo=UTC)))
+    written = routed(router, "how many gallons are there in 13 litres?", ())
+    assert not misheard(written, routed(router, "How many gallons are there in 13 liters?", ()))
+    assert misheard(written, routed(router, "How many gallons are there in 30 liters?", ()))
+    assert misheard(written, routed(router, "How many gallants are there in tin liters?", ()))
 
 
 def test_word_error_counts_numbers_as_digits_on_both_sides() -> None:
