@@ -96,17 +96,19 @@ def held_out_voice(index: int = 0) -> Voice:
     return Voice(HELD_OUT_VOICES[index % len(HELD_OUT_VOICES)], 160, 55)
 
 
-def question_audio(text: str, voice: Voice) -> tuple[np.ndarray, float]:
-    """Silence, the question, a little silence; and when the question's speech ends (seconds of stream time)."""
+def question_audio(text: str, voice: Voice, lead_s: float = LEAD_S) -> tuple[np.ndarray, float]:
+    """`lead_s` of silence, the question, a little silence; and when the question's speech ends (seconds of stream
+    time)."""
     speech = speak(text, voice)
-    pcm = np.concatenate([np.zeros(int(LEAD_S * SAMPLE_RATE), np.float32), speech,
+    pcm = np.concatenate([np.zeros(int(lead_s * SAMPLE_RATE), np.float32), speech,
                           np.zeros(int(0.5 * SAMPLE_RATE), np.float32)])
-    return pcm, LEAD_S + len(speech) / SAMPLE_RATE
+    return pcm, lead_s + len(speech) / SAMPLE_RATE
 
 
-async def ask(ws: str, questions: Sequence[str], voice: Voice, spans: Sequence[tuple[float, str]] = ()) -> list[Turn]:
-    """Each question in its own session, all at once (a batch of len(questions))."""
-    audio = [question_audio(q, voice) for q in questions]
+async def ask(ws: str, questions: Sequence[str], voice: Voice, spans: Sequence[tuple[float, str]] = (),
+              lead_s: float = LEAD_S) -> list[Turn]:
+    """Each question in its own session, `lead_s` into it, all at once (a batch of len(questions))."""
+    audio = [question_audio(q, voice, lead_s) for q in questions]
     results = await asyncio.gather(*[
         stream_when_free(chat_url(ws, events=True), pcm, until=answered(end), until_timeout_s=40.0, texts=spans)
         for pcm, end in audio])
@@ -144,7 +146,7 @@ def summary(turns: Sequence[Turn]) -> dict[str, Any]:
 
 
 def run_config(checkpoint: Path, prefill: str, batch: int, questions: list[str], voice: Voice,
-               silence_s: float) -> dict[str, Any]:
+               silence_s: float, lead_s: float = LEAD_S) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         process, http = start_server(Path(tmp), "--profile", "contextspan", "--checkpoint", str(checkpoint),
                                      "--max-sessions", str(max(batch, 1)), "--span-prefill", prefill, *SERVER_FLAGS)
@@ -152,20 +154,22 @@ def run_config(checkpoint: Path, prefill: str, batch: int, questions: list[str],
         try:
             turns: list[Turn] = []
             for lo in range(0, len(questions), batch):
-                turns += asyncio.run(ask(ws, questions[lo:lo + batch], voice))
+                turns += asyncio.run(ask(ws, questions[lo:lo + batch], voice, lead_s=lead_s))
             quiet = asyncio.run(false_triggers(ws, silence_s, [draw_chatter(random.Random(i), "held_out")
                                                                for i in range(5)], voice)) if silence_s else {}
         finally:
             stop_server(process)
-    return {"prefill": prefill, "batch": batch, **summary(turns), **quiet, "turns": [asdict(t) for t in turns]}
+    return {"prefill": prefill, "batch": batch, "lead_s": lead_s, **summary(turns), **quiet,
+            "turns": [asdict(t) for t in turns]}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| prefill | sessions | `<ret>` recall | span words in order | end of question -> `<ret>` ms | "
-             "`<ret>` -> span ms | span -> first word ms | `<ret>` in silence | `<ret>`/min in chatter |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| prefill | sessions | question at s | `<ret>` recall | span words in order | end of question -> `<ret>` "
+             "ms | `<ret>` -> span ms | span -> first word ms | `<ret>` in silence | `<ret>`/min in chatter |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['prefill']} | {r['batch']} | {r['ret_recall']:.0%} | {r['span_word_recall_in_order']:.0%} "
+        lines.append(f"| {r['prefill']} | {r['batch']} | {r.get('lead_s', LEAD_S)} | {r['ret_recall']:.0%} | "
+                     f"{r['span_word_recall_in_order']:.0%} "
                      f"| {r['median_question_end_to_ret_ms']} | {r['median_ret_to_span_ms']} | "
                      f"{r['median_span_to_first_word_ms']} | {r.get('silence_rets', '-')} in "
                      f"{r.get('silence_s', '-')} s | {r.get('chatter_rets_per_min', '-')} |")
@@ -185,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every-s", type=float, default=10.0, help="long call: a question this often")
     parser.add_argument("--questions", type=int, default=20, help="development set: how many")
     parser.add_argument("--silence-s", type=float, default=60.0, help="development set: silence for false <ret>")
+    parser.add_argument("--lead-s", type=float, default=LEAD_S,
+                        help="development set: silence before each session's question (a question asked seconds "
+                        "into a session reaches a codec that has heard those seconds)")
     parser.add_argument("--prefill", nargs="+", default=["one-pass", "chunked"])
     parser.add_argument("--batch", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--span-deadline-s", type=float, default=None,
@@ -227,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         for prefill in args.prefill:
             for batch in args.batch:
                 rows.append(run_config(checkpoint, prefill, batch, questions, held_out_voice(),
-                                       args.silence_s if batch == args.batch[0] else 0.0))
+                                       args.silence_s if batch == args.batch[0] else 0.0, args.lead_s))
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
         print("development set\n" + table(rows))
         report["development"] = rows

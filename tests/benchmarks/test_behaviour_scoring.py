@@ -3,10 +3,13 @@ hears right, and its scoring counts span words said in order."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from backend_agent.router import Router
 from backend_agent.tools import build_catalogue
-from benchmarks.behaviour import audible_questions, held_out_questions, held_out_voice
+from benchmarks.behaviour import audible_questions, held_out_questions, held_out_voice, question_audio
 from benchmarks.behaviour_scoring import in_order_recall, words
+from frontend_model.frame import SAMPLE_RATE
 
 
 def test_every_held_out_question_is_answered_by_the_built_in_router() -> None:
@@ -37,3 +40,11 @@ def test_audible_questions_are_held_out_ones_in_order_that_whisper_hears_as_the_
     for question in audible:
         answer = router.answer(heard[question])
         assert answer is not None and answer.tool == router.answer(question).tool, (question, heard[question])
+
+
+def test_a_development_question_can_be_asked_seconds_into_its_session() -> None:
+    _, early_end = question_audio("what is today's date?", held_out_voice(), lead_s=0.5)
+    late, late_end = question_audio("what is today's date?", held_out_voice(), lead_s=8.0)
+    assert not np.any(late[:8 * SAMPLE_RATE])
+    assert np.any(late[8 * SAMPLE_RATE:int(late_end * SAMPLE_RATE)])
+    assert abs((late_end - early_end) - 7.5) < 0.05  # the same words (each synthesis dithers a little)
