@@ -29,6 +29,8 @@ from frontend_model.training import command as training_command
 from frontend_model.training.checkpoint import REPORT, VOICE_NAME, cache_key, trained_checkpoint
 from frontend_model.training.data import (
     ABSTAIN_REPLY,
+    LATER_LEAD,
+    LEAD_FRAMES,
     PAD_WEIGHT,
     RET_OFFSETS,
     RET_WEIGHT,
@@ -39,6 +41,7 @@ from frontend_model.training.data import (
     Question,
     Utterance,
     batch,
+    later_in_session,
     ret_after,
     served_silence,
     speak_and_encode,
@@ -208,6 +211,33 @@ def test_speech_from_two_voices_encodes_to_different_codes(model: LoadedModel) -
     assert one.speech_frames > 5 and two.speech_frames > 5
     frames = min(one.codes.shape[1], two.codes.shape[1])
     assert not torch.equal(one.codes[:, :frames], two.codes[:, :frames])
+
+
+def test_a_later_utterance_is_said_after_the_room_and_any_earlier_words() -> None:
+    own = np.ones(30 * FRAME_SAMPLES + 5, np.float32)
+    earlier = np.full(100 * FRAME_SAMPLES, 0.5, np.float32)  # longer than most leads: the lead makes room for it
+    for seed in range(20):
+        for before in (None, earlier):
+            pcm, lead = later_in_session(random.Random(seed), own, before)
+            start = (lead - LEAD_FRAMES) * FRAME_SAMPLES
+            assert np.array_equal(pcm[start:], own)
+            if before is None:
+                assert LATER_LEAD[0] <= lead <= LATER_LEAD[1] and not pcm[:start].any()
+            else:
+                assert np.array_equal(pcm[:len(before)], before) and not pcm[len(before):start].any()
+                assert start >= len(before) + 4 * FRAME_SAMPLES
+
+
+def test_words_said_later_in_a_session_reach_the_codec_otherwise(model: LoadedModel) -> None:
+    """The codec's transformer reads seconds back: the same words said into a session that has heard other words and
+    the room encode to other codes, over as many frames."""
+    lines = [("what time is it in Paris", Voice("en-us"), 1.0), ("I like this song a lot", Voice("en-gb"), 1.0)]
+    early = speak_and_encode(model.mimi, lines, profiles=[2, 2], seed=1)
+    later = speak_and_encode(model.mimi, lines, profiles=[2, 2], seed=1, later=1.0)
+    for one, other in zip(early, later, strict=True):
+        assert abs(one.speech_frames - other.speech_frames) <= 1
+        frames = min(one.codes.shape[1], other.codes.shape[1])
+        assert not torch.equal(one.codes[:, :frames], other.codes[:, :frames])
 
 
 def test_batches_drawn_in_a_worker_process_are_the_batches_drawn_inline(model: LoadedModel, corpus: Corpus) -> None:
