@@ -22,7 +22,8 @@ from frontend_model.training.trainer import TrainConfig
 from server.app.routes import model_loader
 from server.settings import ServerSettings
 
-SHORT = TrainConfig(copy_steps=1, steps=1, batch_size=2, train_questions=2, train_chatter=1, context=40)
+SHORT = TrainConfig(copy_steps=1, steps=1, batch_size=2, train_questions=2, train_chatter=1, train_follow_ups=1,
+                    context=40)
 
 
 def weights(directory: Path) -> dict[str, torch.Tensor]:

@@ -295,7 +295,8 @@ def test_the_cache_key_follows_hyper_parameters_and_seed_not_the_batch_workers()
 def test_a_short_training_writes_a_context_spanning_checkpoint_loaded_once_per_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = TrainConfig(copy_steps=1, steps=1, batch_size=2, train_questions=2, train_chatter=1, context=40)
+    config = TrainConfig(copy_steps=1, steps=1, batch_size=2, train_questions=2, train_chatter=1, train_follow_ups=1,
+                         context=40)
     threads = torch.get_num_threads()
     directory = trained_checkpoint(config, tmp_path, progress=False)
     assert torch.get_num_threads() == threads, "the caller's torch threads are its own again"
