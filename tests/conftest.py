@@ -16,6 +16,17 @@ if os.environ.get("CONTEXTSPAN_TEST_DEVICE", "cpu").startswith("cuda"):
     torch.backends.cudnn.allow_tf32 = False
 
 
+@pytest.fixture(autouse=True)
+def torch_threads() -> Iterator[None]:
+    """Each test starts with the process's torch threads: benchmarks and servers run in-process set theirs, and a
+    float32 result can round otherwise with another number of threads."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(params=["compact", "whole-batch", "replay"])
 def compact(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
     """How a batch steps: compact, only the rows from the first to the last with a frame (CPU); whole-batch, every
