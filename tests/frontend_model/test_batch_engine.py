@@ -1,6 +1,6 @@
 """Sessions in one batch produce exactly what they would alone (tiny profiles, greedy). In float64: float32 is equal
 only up to rounding, as the CPU's matrix kernels may sum in another order for another batch size (with one torch
-thread, the server's default, one depformer code of about 3000 differed for the 16-step profile)."""
+thread, the server's default, a near tie in one depformer code went the other way for the 16-step profile)."""
 
 from __future__ import annotations
 
