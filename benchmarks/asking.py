@@ -6,10 +6,11 @@ checkpoint's text temperature and top-k), teacher-forced on a window as a rolled
 then the most recent frames, `KEPT` of them), the agent silent. Summed over frames, it is the expected number of asks:
 - rooms: every training noise profile (`served.PROFILES`) drawn with seeds training never used, as served; `<ret>` a
   minute per room;
-- chatter: held-out statements (`recipes` "held_out"), in the held-out and training voices, each in a room, and the
-  room after it: the chance of at least one `<ret>` per statement;
-- questions: held-out phrasings and follow-ups, the same way: the chance of `<ret>` within `ASK_FRAMES` of the
-  question's end (training puts it 1-4 frames after).
+- chatter: held-out statements (`recipes` "held_out"; `--split train`: the training ones, to tell what the model did
+  not generalise from what it did not learn), in the held-out and training voices, each in a room, and the room after
+  it: the chance of at least one `<ret>` per statement;
+- questions: held-out phrasings and follow-ups (or the training ones), the same way: the chance of `<ret>` within
+  `ASK_FRAMES` of the question's end (training puts it 1-4 frames after).
 
 And where in a window the rooms' asks fall (`<ret>` a minute by ten frames after the prefix, the mean of the six
 profiles, each session's first window left out). Each also with the `<ret>` logit shifted down (`SHIFTS`): if a
@@ -37,7 +38,15 @@ from frontend_model.span.build import build_prefix
 from frontend_model.span.convention import Conversation, assemble
 from frontend_model.training.checkpoint import VOICE_NAME
 from frontend_model.training.data import TRAINED_PERSONA, Assembler, Utterance, served_silence, speak_and_encode
-from frontend_model.training.recipes import HELD_OUT_VOICES, TRAIN_VOICES, draw_chatter, draw_exchange, draw_follow_up
+from frontend_model.training.recipes import (
+    HELD_OUT_VOICES,
+    TRAIN_VOICES,
+    Split,
+    draw_chatter,
+    draw_exchange,
+    draw_follow_up,
+    follow_up_kinds,
+)
 from frontend_model.training.served import PROFILES
 from frontend_model.training.speech import Voice
 
@@ -111,16 +120,19 @@ def heard(utterances: list[Utterance]) -> dict[str, object]:
             "distinct_frames": torch.unique(codes, dim=1).shape[1]}
 
 
-def measure(model: LoadedModel, statements: int, questions: int, follow_ups: int, seed: int) -> dict[str, object]:
+def measure(model: LoadedModel, statements: int, questions: int, follow_ups: int, seed: int,
+            split: Split = "held_out") -> dict[str, object]:
     windows = Windows(model)
     rng = random.Random(seed)
     rooms = {}
     for i, profile in enumerate(PROFILES):
         track = served_silence(model.mimi, ROOM_FRAMES, profile, seed=10_000 + seed + i)
         rooms[profile.name] = [windows.logits(track[:, s:s + KEPT]) for s in range(0, ROOM_FRAMES - KEPT + 1, KEPT)]
-    said = spoken(model, [draw_chatter(rng, "held_out") for _ in range(statements)], rng, seed + 1)
-    asked = spoken(model, [draw_exchange(rng, "held_out").question for _ in range(questions)]
-                   + [draw_follow_up(rng, "held_out", rng.choice(("time", "math"))) for _ in range(follow_ups)],
+    said = spoken(model, [draw_chatter(rng, split) for _ in range(statements)], rng, seed + 1)
+    # Held out: the order every committed result drew its follow-ups in.
+    kinds = ("time", "math") if split == "held_out" else follow_up_kinds(split)
+    asked = spoken(model, [draw_exchange(rng, split).question for _ in range(questions)]
+                   + [draw_follow_up(rng, split, rng.choice(kinds)) for _ in range(follow_ups)],
                    rng, seed + 2)
     chatter = [windows.around(u)[0] for u in said]
     hazards = [logits[end:end + ASK_FRAMES] for logits, end in (windows.around(u) for u in asked)]
@@ -143,7 +155,8 @@ def measure(model: LoadedModel, statements: int, questions: int, follow_ups: int
                          at_least_one(windows.ret_chance(x, shift)) for x in chatter), 3),
                      "questions_asked": round(statistics.fmean(recall[:questions]), 3),
                      "follow_ups_asked": round(statistics.fmean(recall[questions:]), 3)})
-    return {"statements": statements, "questions": questions, "follow_ups": follow_ups, "heard": heard(said + asked),
+    return {"split": split, "statements": statements, "questions": questions, "follow_ups": follow_ups,
+            "heard": heard(said + asked),
             "rows": rows,
             "rooms_rets_per_min_by_frame": {"bucket_frames": BUCKET, "rets_per_min": by_frame}}
 
@@ -166,19 +179,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", type=int, default=40)
     parser.add_argument("--follow-ups", type=int, default=12)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--split", choices=("held_out", "train"), default="held_out",
+                        help="the recipes' sentences to ask: held-out (default) or the training ones")
     parser.add_argument("--json", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     checkpoint = trained_checkpoint(args.checkpoint)
     started = time.monotonic()
     model = load_model("contextspan", str(checkpoint), device="cpu", dtype=torch.float32)
-    result = measure(model, args.statements, args.questions, args.follow_ups, args.seed)
+    result = measure(model, args.statements, args.questions, args.follow_ups, args.seed, args.split)
     print(table(result["rows"]))
     print(f"rooms, `<ret>` a minute by {BUCKET} frames after the prefix (a session's first window left out): "
           f"{result['rooms_rets_per_min_by_frame']['rets_per_min']}")
     print(f"heard: {result['heard']['speech_frames']} speech frames of statements and questions, distinct codes by "
           f"user codebook {result['heard']['distinct_codes_by_codebook']}, distinct frames "
           f"{result['heard']['distinct_frames']}")
-    save_json(args.json, {"machine": machine_info("cpu"), "set": "development (held-out recipes, not the test set)",
+    sentences = args.split.replace("_", "-")
+    save_json(args.json, {"machine": machine_info("cpu"), "set": f"development ({sentences} recipes, not the test set)",
                           "checkpoint": checkpoint.name, "seed": args.seed,
                           "seconds": round(time.monotonic() - started), **result})
     return 0

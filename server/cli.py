@@ -55,7 +55,8 @@ BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
               "behaviour": "benchmarks.behaviour", "copy": "benchmarks.copying",
               "layout": "benchmarks.checkpoint_layout", "kyutai": "benchmarks.kyutai_baseline",
               "frameworks": "benchmarks.realtime_frameworks", "window": "benchmarks.window",
-              "resume": "benchmarks.resume", "asr": "benchmarks.asr_settings", "asks": "benchmarks.asking"}
+              "resume": "benchmarks.resume", "asr": "benchmarks.asr_settings", "asks": "benchmarks.asking",
+              "hear": "benchmarks.hearing"}
 
 
 def serve(settings: ServerSettings) -> int:
