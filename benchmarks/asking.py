@@ -103,11 +103,15 @@ class Windows:
         return self.logits(user[:, cut:]), end - cut
 
 
+def take(rng: random.Random) -> tuple[Voice, float]:
+    """A development take's voice (held-out or training, 130-190 words a minute, pitch 35-70) and gain."""
+    voice = Voice(rng.choice((*HELD_OUT_VOICES, *TRAIN_VOICES)), rng.randint(130, 190), rng.randint(35, 70))
+    return voice, rng.uniform(0.3, 1.3)
+
+
 def spoken(model: LoadedModel, texts: list[str], rng: random.Random, seed: int) -> list[Utterance]:
-    """Each text in a held-out or training voice, in a room drawn for it, as served."""
-    voices = (*HELD_OUT_VOICES, *TRAIN_VOICES)
-    lines = [(text, Voice(rng.choice(voices), rng.randint(130, 190), rng.randint(35, 70)), rng.uniform(0.3, 1.3))
-             for text in texts]
+    """Each text in a take drawn for it, in a room drawn for it, as served."""
+    lines = [(text, *take(rng)) for text in texts]
     return speak_and_encode(model.mimi, lines, profiles=[rng.randrange(len(PROFILES)) for _ in lines], seed=seed)
 
 

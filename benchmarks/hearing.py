@@ -34,19 +34,20 @@ from torch import nn
 
 from backend_agent.asr.resample import resample_24k_to_16k
 from backend_agent.asr.transcriber import bundled_model_path
+from benchmarks.asking import take
 from benchmarks.report import add_trained_checkpoint_flag, machine_info, save_json, trained_checkpoint
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import load_model
-from frontend_model.training.recipes import HELD_OUT_VOICES, TRAIN_VOICES, draw_chatter, draw_exchange
+from frontend_model.training.recipes import draw_chatter, draw_exchange
 from frontend_model.training.served import PROFILES, session
-from frontend_model.training.speech import Voice, speak
+from frontend_model.training.speech import speak
 
 DEFAULT_OUT = Path("benchmarks/results/hear-tiny-contextspan-cpu.json")
 LEAD_FRAMES = 10  # the room before the words, from the session's start: the leveller has settled on it
 KEPT_BEFORE = 2  # frames of that room kept with the words
 TAIL_FRAMES = 4
 TEACHER_CODES = 256
-WHISPER_RATE = 16000
+STATES_PER_FRAME = 4  # Whisper's encoder states come at 50 Hz, the codec's frames at 12.5
 Group = Literal["fit", "new takes", "held-out sentences"]
 GROUPS: tuple[Group, ...] = ("fit", "new takes", "held-out sentences")
 
@@ -61,22 +62,21 @@ class Clip:
 
 def clips(fit: int, takes: int, held: int, seed: int) -> list[Clip]:
     """Per class (questions, statements): `fit` and `takes` of the training sentences, `held` of held-out ones, each in
-    a voice (held-out or training voices, 130-190 words a minute, pitch 35-70), gain and room drawn for it."""
+    a take (`asking.take`: voice and gain) and a room drawn for it."""
     rng = random.Random(seed)
-    voices = (*HELD_OUT_VOICES, *TRAIN_VOICES)
     out = []
     for group, count, split in (("fit", fit, "train"), ("new takes", takes, "train"),
                                 ("held-out sentences", held, "held_out")):
         for question in (True, False):
             for _ in range(count):
                 text = draw_exchange(rng, split).question if question else draw_chatter(rng, split)
-                out.append(Clip(text, question, group, served(rng, text, voices)))
+                out.append(Clip(text, question, group, served(rng, text)))
     return out
 
 
-def served(rng: random.Random, text: str, voices: tuple[str, ...]) -> np.ndarray:
-    voice = Voice(rng.choice(voices), rng.randint(130, 190), rng.randint(35, 70))
-    words = speak(text, voice) * rng.uniform(0.3, 1.3)
+def served(rng: random.Random, text: str) -> np.ndarray:
+    voice, gain = take(rng)
+    words = speak(text, voice) * gain
     frames = LEAD_FRAMES + math.ceil(len(words) / FRAME_SAMPLES) + TAIL_FRAMES
     profile = PROFILES[rng.randrange(len(PROFILES))]
     return session(profile, words, LEAD_FRAMES, frames, np.random.default_rng(rng.randrange(1 << 30)))
@@ -103,16 +103,18 @@ class WhisperStates:
         self._features = FeatureExtractor(feature_size=80)
         self._window = self._features.nb_max_frames  # mel frames Whisper's encoder reads: 30 s
         self.centroids: torch.Tensor | None = None
+        self.mean = self.std = torch.zeros(0)  # of the fitted states
 
     def states(self, clip: Clip) -> torch.Tensor:
-        """[frames, width]: the encoder's 50 Hz states, four to a codec frame."""
+        """[frames, width]: the encoder's states, averaged over each codec frame."""
         words = clip.pcm[(LEAD_FRAMES - KEPT_BEFORE) * FRAME_SAMPLES:].astype(np.float32)
         mel = self._features(resample_24k_to_16k(words))
         padded = np.zeros((mel.shape[0], self._window), np.float32)
         padded[:, :min(mel.shape[1], self._window)] = mel[:, :self._window]
         encoded = np.array(self._model.model.encode(self._storage.from_array(padded[None]), to_cpu=True))[0]
         frames = len(words) // FRAME_SAMPLES
-        return torch.from_numpy(encoded[:frames * 4].reshape(frames, 4, -1).mean(1).astype(np.float32))
+        kept = encoded[:frames * STATES_PER_FRAME].reshape(frames, STATES_PER_FRAME, -1)
+        return torch.from_numpy(kept.mean(1).astype(np.float32))
 
     def fit(self, states: list[torch.Tensor], seed: int, iterations: int = 20) -> None:
         x = torch.cat(states)

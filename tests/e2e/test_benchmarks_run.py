@@ -132,3 +132,11 @@ def test_bench_asks_reports_every_room_statements_and_questions_and_a_lower_ret_
     assert heard["distinct_codes_by_codebook"] and heard["speech_frames"] > 0
     codes = heard["distinct_codes_by_codebook"]
     assert all(1 <= n <= heard["distinct_frames"] <= heard["speech_frames"] for n in codes)
+
+
+def test_bench_asks_asks_the_training_sentences_when_told(tmp_path: Path) -> None:
+    out = tmp_path / "asks.json"
+    bench("asks", "--split", "train", "--statements", "2", "--questions", "2", "--follow-ups", "1", "--json", str(out))
+    report = json.loads(out.read_text())
+    assert report["split"] == "train" and report["set"] == "development (train recipes, not the test set)"
+    assert 0 <= report["rows"][0]["follow_ups_asked"] <= 1
