@@ -8,7 +8,9 @@ to generalise: new takes of the same sentences (other voices, rates, pitches, ga
 training never spoke (the recipes' "held_out" ones). The floor is the utterance's length alone (the best threshold
 on the fitted takes). The reference is what a codebook distilled from a speech encoder would give, as Mimi's
 semantic codebook is from WavLM: Whisper tiny.en's encoder states (the bundled model, offline), averaged to the
-codec's 12.5 Hz and quantised by k-means into one codebook of `TEACHER_CODES`.
+codec's 12.5 Hz and quantised by k-means into one codebook of `TEACHER_CODES` (`training.codec.teacher`).
+`--codec DIR` probes a codec `contextspan distil` wrote beside the checkpoint's, and each codec's cost per frame
+(streaming, one session, one thread) is measured side by side.
 
 Speech is served as the model hears it (`served.session`: the room, an Opus round trip, the leveller), the codec run
 from the session's start, the codes of the words kept from `LEAD_FRAMES` on (2 frames of the room before them). A
@@ -18,7 +20,6 @@ development set, never the test set: its numbers are labelled so.
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import statistics
 import time
@@ -32,22 +33,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend_agent.asr.resample import resample_24k_to_16k
-from backend_agent.asr.transcriber import bundled_model_path
 from benchmarks.asking import take
 from benchmarks.report import add_trained_checkpoint_flag, machine_info, save_json, trained_checkpoint
-from frontend_model.frame import FRAME_SAMPLES
+from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
+from frontend_model.loading.babble import babble
 from frontend_model.loading.loader import load_model
+from frontend_model.training.codec.distil import KEPT_BEFORE, LEAD_FRAMES, WORDS_FROM, served_session
+from frontend_model.training.codec.release import load_codec
+from frontend_model.training.codec.teacher import TEACHER_CODES, WhisperStates
 from frontend_model.training.recipes import draw_chatter, draw_exchange
-from frontend_model.training.served import PROFILES, session
 from frontend_model.training.speech import speak
 
 DEFAULT_OUT = Path("benchmarks/results/hear-tiny-contextspan-cpu.json")
-LEAD_FRAMES = 10  # the room before the words, from the session's start: the leveller has settled on it
-KEPT_BEFORE = 2  # frames of that room kept with the words
-TAIL_FRAMES = 4
-TEACHER_CODES = 256
-STATES_PER_FRAME = 4  # Whisper's encoder states come at 50 Hz, the codec's frames at 12.5
 Group = Literal["fit", "new takes", "held-out sentences"]
 GROUPS: tuple[Group, ...] = ("fit", "new takes", "held-out sentences")
 
@@ -76,10 +73,7 @@ def clips(fit: int, takes: int, held: int, seed: int) -> list[Clip]:
 
 def served(rng: random.Random, text: str) -> np.ndarray:
     voice, gain = take(rng)
-    words = speak(text, voice) * gain
-    frames = LEAD_FRAMES + math.ceil(len(words) / FRAME_SAMPLES) + TAIL_FRAMES
-    profile = PROFILES[rng.randrange(len(PROFILES))]
-    return session(profile, words, LEAD_FRAMES, frames, np.random.default_rng(rng.randrange(1 << 30)))
+    return served_session(speak(text, voice) * gain, rng)
 
 
 @torch.no_grad()
@@ -87,54 +81,6 @@ def codec_codes(mimi: torch.nn.Module, clip: Clip) -> torch.Tensor:
     """[user codebooks, frames] of the words and the room around them, the codec run from the session's start."""
     codes = mimi.encode(torch.from_numpy(clip.pcm.astype(np.float32))[None, None])[0]
     return codes[:, LEAD_FRAMES - KEPT_BEFORE:]
-
-
-class WhisperStates:
-    """Whisper tiny.en's encoder states of a clip's words, averaged to the codec's frames, and one k-means codebook
-    over those of the fitted clips."""
-
-    def __init__(self) -> None:
-        import ctranslate2
-        from faster_whisper import WhisperModel
-        from faster_whisper.feature_extractor import FeatureExtractor
-
-        self._storage = ctranslate2.StorageView
-        self._model = WhisperModel(bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=1)
-        self._features = FeatureExtractor(feature_size=80)
-        self._window = self._features.nb_max_frames  # mel frames Whisper's encoder reads: 30 s
-        self.centroids: torch.Tensor | None = None
-        self.mean = self.std = torch.zeros(0)  # of the fitted states
-
-    def states(self, clip: Clip) -> torch.Tensor:
-        """[frames, width]: the encoder's states, averaged over each codec frame."""
-        words = clip.pcm[(LEAD_FRAMES - KEPT_BEFORE) * FRAME_SAMPLES:].astype(np.float32)
-        mel = self._features(resample_24k_to_16k(words))
-        padded = np.zeros((mel.shape[0], self._window), np.float32)
-        padded[:, :min(mel.shape[1], self._window)] = mel[:, :self._window]
-        encoded = np.array(self._model.model.encode(self._storage.from_array(padded[None]), to_cpu=True))[0]
-        frames = len(words) // FRAME_SAMPLES
-        kept = encoded[:frames * STATES_PER_FRAME].reshape(frames, STATES_PER_FRAME, -1)
-        return torch.from_numpy(kept.mean(1).astype(np.float32))
-
-    def fit(self, states: list[torch.Tensor], seed: int, iterations: int = 20) -> None:
-        x = torch.cat(states)
-        self.mean, self.std = x.mean(0), x.std(0) + 1e-5
-        self.centroids = kmeans((x - self.mean) / self.std, TEACHER_CODES, seed, iterations)
-
-    def codes(self, states: torch.Tensor) -> torch.Tensor:
-        assert self.centroids is not None, "fit first"
-        return torch.cdist((states - self.mean) / self.std, self.centroids).argmin(1)[None]
-
-
-def kmeans(x: torch.Tensor, k: int, seed: int, iterations: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    centroids = x[torch.randperm(len(x), generator=generator)[:k]].clone()
-    for _ in range(iterations):
-        nearest = torch.cdist(x, centroids).argmin(1)
-        sums = torch.zeros_like(centroids).index_add_(0, nearest, x)
-        counts = torch.bincount(nearest, minlength=len(centroids))[:, None]
-        centroids = torch.where(counts > 0, sums / counts.clamp(min=1), centroids)
-    return centroids
 
 
 class Probe(nn.Module):
@@ -208,26 +154,53 @@ def length_accuracy(lengths: list[int], questions: list[bool], groups: list[Grou
             for group in GROUPS if group in groups}
 
 
-def measure(checkpoint: Path, fit: int, takes: int, held: int, seed: int, whisper: bool) -> dict[str, object]:
+def measure(checkpoint: Path, fit: int, takes: int, held: int, seed: int, whisper: bool,
+            codec: Path | None = None) -> dict[str, object]:
     said = clips(fit, takes, held, seed)
     questions, groups = [c.question for c in said], [c.group for c in said]
     model = load_model("contextspan", str(checkpoint), device="cpu", dtype=torch.float32)
-    codes = [codec_codes(model.mimi, c) for c in said]
-    vocabulary = model.lm.card
+    codecs = {"the checkpoint's codec": model.mimi}
+    if codec is not None:
+        codecs[f"the distilled codec ({codec.name})"] = load_codec(codec)
+    codes = {name: [codec_codes(mimi, c) for c in said] for name, mimi in codecs.items()}
+    first = next(iter(codes.values()))
     rows = [{"input": "the utterance's length alone (the floor)",
-             **length_accuracy([c.shape[1] for c in codes], questions, groups)},
-            {"input": f"the codec's codes, all {codes[0].shape[0]} user codebooks",
-             **probe_accuracy(codes, questions, groups, seed, vocabulary=vocabulary)},
-            {"input": "the codec's semantic codebook",
-             **probe_accuracy([c[:1] for c in codes], questions, groups, seed, vocabulary=vocabulary)}]
+             **length_accuracy([c.shape[1] for c in first], questions, groups)}]
+    for name, coded in codes.items():
+        rows += [{"input": f"{name}, all {coded[0].shape[0]} user codebooks",
+                  **probe_accuracy(coded, questions, groups, seed, vocabulary=model.lm.card)},
+                 {"input": f"{name}, its semantic codebook",
+                  **probe_accuracy([c[:1] for c in coded], questions, groups, seed, vocabulary=model.lm.card)}]
     if whisper:
         teacher = WhisperStates()
-        states = [teacher.states(c) for c in said]
+        states = [teacher.states(c.pcm[WORDS_FROM:]) for c in said]
         teacher.fit([s for s, g in zip(states, groups, strict=True) if g == "fit"], seed)
         rows.append({"input": f"Whisper tiny.en's encoder, one k-means codebook of {TEACHER_CODES} (a reference)",
-                     **probe_accuracy([teacher.codes(s) for s in states], questions, groups, seed,
+                     **probe_accuracy([teacher.codes(s)[None] for s in states], questions, groups, seed,
                                       vocabulary=TEACHER_CODES)})
-    return {"clips": {group: groups.count(group) for group in GROUPS}, "rows": rows}
+    cost = {name: frame_cost(mimi) for name, mimi in codecs.items()}
+    return {"clips": {group: groups.count(group) for group in GROUPS}, "rows": rows, "ms_per_frame": cost}
+
+
+@torch.no_grad()
+def frame_cost(mimi: torch.nn.Module, frames: int = 100) -> dict[str, float]:
+    """Milliseconds to encode and to decode one frame, streaming, one session, one thread (medians)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    timings: dict[str, list[float]] = {"encode": [], "decode": []}
+    try:
+        with mimi.streaming(1):
+            pcm = babble(frames * FRAME_SAMPLES / SAMPLE_RATE)
+            for i in range(frames):
+                started = time.perf_counter()
+                codes = mimi.encode(pcm[None, None, i * FRAME_SAMPLES:(i + 1) * FRAME_SAMPLES])
+                encoded = time.perf_counter()
+                mimi.decode(codes)
+                timings["encode"].append(encoded - started)
+                timings["decode"].append(time.perf_counter() - encoded)
+    finally:
+        torch.set_num_threads(threads)
+    return {what: round(1000 * statistics.median(seconds[10:]), 2) for what, seconds in timings.items()}
 
 
 def table(rows: list[dict]) -> str:
@@ -246,12 +219,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held", type=int, default=60, help="held-out sentences per class")
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--no-whisper", action="store_true", help="skip the Whisper encoder's reference row")
+    parser.add_argument("--codec", type=Path, default=None,
+                        help="also probe a codec `contextspan distil` wrote (its directory)")
     parser.add_argument("--json", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     checkpoint = trained_checkpoint(args.checkpoint)
     started = time.monotonic()
-    result = measure(checkpoint, args.fit, args.takes, args.held, args.seed, not args.no_whisper)
+    result = measure(checkpoint, args.fit, args.takes, args.held, args.seed, not args.no_whisper, args.codec)
     print(table(result["rows"]))
+    for name, cost in result["ms_per_frame"].items():
+        print(f"{name}: {cost['encode']} ms to encode a frame, {cost['decode']} ms to decode one (one thread)")
     save_json(args.json, {"machine": machine_info("cpu"), "set": "development (recipes' sentences, not the test set)",
                           "checkpoint": checkpoint.name, "seed": args.seed,
                           "seconds": round(time.monotonic() - started), **result})

@@ -1,5 +1,5 @@
 """`contextspan serve`, `ask`, `infer` (flags mirror ServerSettings field by field), `client`, `health`, `train`,
-`bench ...`."""
+`distil`, `bench ...`."""
 
 from __future__ import annotations
 
@@ -101,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         from frontend_model.training.command import train_main
 
         return train_main(argv[1:])
+    commands.add_parser("distil", help="distil (or take from the cache) the tiny codec from Whisper: --out DIR")
+    if argv[:1] == ["distil"]:
+        from frontend_model.training.codec.command import distil_main
+
+        return distil_main(argv[1:])
     if argv[:1] == ["client"]:  # the client owns its flags, and needs no server settings
         from contextspan_client.cli import main as client_main
 

@@ -1,6 +1,6 @@
 """The hearing bench's probe tells classes apart when the codes carry the difference and is no better than chance when
 they do not, so its scores measure the codec; its floor is the utterance's length; the command runs end to end on the
-trained checkpoint and Whisper, and writes every row."""
+trained checkpoint, a distilled codec and Whisper, and writes every row and each codec's cost."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from benchmarks.hearing import GROUPS, length_accuracy, main, probe_accuracy
+from frontend_model.training.codec.distil import CodecConfig
+from frontend_model.training.codec.release import distilled_codec
 
 
 def coded(rng: random.Random, marked: bool) -> torch.Tensor:
@@ -54,13 +56,18 @@ def test_the_floor_is_the_best_length_threshold_on_the_fitted_clips_either_way()
 
 
 @pytest.mark.slow
-def test_bench_hear_probes_the_trained_codec_and_whisper_on_every_group(tmp_path: Path) -> None:
+def test_bench_hear_probes_the_trained_codec_a_distilled_one_and_whisper_on_every_group(tmp_path: Path) -> None:
     out = tmp_path / "hear.json"
-    assert main(["--fit", "6", "--takes", "2", "--held", "2", "--json", str(out)]) == 0
+    codec = distilled_codec(CodecConfig(), progress=False)
+    assert main(["--fit", "6", "--takes", "2", "--held", "2", "--codec", str(codec), "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["clips"] == {"fit": 12, "new takes": 4, "held-out sentences": 4}
-    assert [row["input"].split(",")[0].split(" (")[0] for row in report["rows"]] == [
-        "the utterance's length alone", "the codec's codes", "the codec's semantic codebook",
-        "Whisper tiny.en's encoder"]
+    distilled = f"the distilled codec ({codec.name})"
+    assert [row["input"] for row in report["rows"]] == [
+        "the utterance's length alone (the floor)", "the checkpoint's codec, all 8 user codebooks",
+        "the checkpoint's codec, its semantic codebook", f"{distilled}, all 8 user codebooks",
+        f"{distilled}, its semantic codebook", "Whisper tiny.en's encoder, one k-means codebook of 256 (a reference)"]
     assert all(0 <= row[group] <= 1 for row in report["rows"] for group in GROUPS)
+    assert set(report["ms_per_frame"]) == {"the checkpoint's codec", distilled}
+    assert all(cost["encode"] > 0 and cost["decode"] > 0 for cost in report["ms_per_frame"].values())
     assert report["set"].startswith("development")
