@@ -10,7 +10,7 @@ on the fitted takes). The reference is what a codebook distilled from a speech e
 semantic codebook is from WavLM: Whisper tiny.en's encoder states (the bundled model, offline), averaged to the
 codec's 12.5 Hz and quantised by k-means into one codebook of `TEACHER_CODES` (`training.codec.teacher`).
 `--codec DIR` probes a codec `contextspan distil` wrote beside the checkpoint's, and each codec's cost per frame
-(streaming, one session, one thread) is measured side by side.
+(a session's streaming codec, one thread) is measured side by side.
 
 Speech is served as the model hears it (`served.session`: the room, an Opus round trip, the leveller), the codec run
 from the session's start, the codes of the words kept from `LEAD_FRAMES` on (2 frames of the room before them). A
@@ -31,10 +31,12 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
+from moshi.models.compression import MimiModel
 from torch import nn
 
 from benchmarks.asking import take
 from benchmarks.report import add_trained_checkpoint_flag, machine_info, save_json, trained_checkpoint
+from frontend_model.engine.codec import FrameCodec
 from frontend_model.frame import FRAME_SAMPLES, SAMPLE_RATE
 from frontend_model.loading.babble import babble
 from frontend_model.loading.loader import load_model
@@ -182,23 +184,25 @@ def measure(checkpoint: Path, fit: int, takes: int, held: int, seed: int, whispe
     return {"clips": {group: groups.count(group) for group in GROUPS}, "rows": rows, "ms_per_frame": cost}
 
 
-@torch.no_grad()
-def frame_cost(mimi: torch.nn.Module, frames: int = 100) -> dict[str, float]:
-    """Milliseconds to encode and to decode one frame, streaming, one session, one thread (medians)."""
+def frame_cost(mimi: MimiModel, frames: int = 100) -> dict[str, float]:
+    """Milliseconds to encode and to decode one frame as a session's codec does (`FrameCodec`), one thread
+    (medians after the first 10)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    codec = FrameCodec(mimi)
     timings: dict[str, list[float]] = {"encode": [], "decode": []}
+    codec.open()
     try:
-        with mimi.streaming(1):
-            pcm = babble(frames * FRAME_SAMPLES / SAMPLE_RATE)
-            for i in range(frames):
-                started = time.perf_counter()
-                codes = mimi.encode(pcm[None, None, i * FRAME_SAMPLES:(i + 1) * FRAME_SAMPLES])
-                encoded = time.perf_counter()
-                mimi.decode(codes)
-                timings["encode"].append(encoded - started)
-                timings["decode"].append(time.perf_counter() - encoded)
+        pcm = babble(frames * FRAME_SAMPLES / SAMPLE_RATE).numpy()
+        for i in range(frames):
+            started = time.perf_counter()
+            codes = codec.encode(pcm[i * FRAME_SAMPLES:(i + 1) * FRAME_SAMPLES])
+            encoded = time.perf_counter()
+            codec.decode(codes)
+            timings["encode"].append(encoded - started)
+            timings["decode"].append(time.perf_counter() - encoded)
     finally:
+        codec.close()
         torch.set_num_threads(threads)
     return {what: round(1000 * statistics.median(seconds[10:]), 2) for what, seconds in timings.items()}
 
