@@ -28,13 +28,16 @@ def train_main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads while training")
     parser.add_argument("--workers", type=int, default=defaults.workers,
                         help="processes drawing the batches beside the training (0: inline; the same batches)")
+    parser.add_argument("--random-codec", action="store_true",
+                        help="hear through the tiny profile's random codec, not the one distilled from Whisper")
     parser.add_argument("--cache-dir", type=Path, default=None, help="default: $XDG_CACHE_HOME/contextspan")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--release", action="store_true",
                         help=f"also write its trained tensors to {WEIGHTS_DIR} (to commit), replacing older releases")
     args = parser.parse_args(argv)
     config = TrainConfig(seed=args.seed, copy_steps=args.copy_steps, steps=args.steps, app_share=args.app_share,
-                         slip=args.slip, threads=args.threads, workers=args.workers)
+                         slip=args.slip, threads=args.threads, workers=args.workers,
+                         codec=None if args.random_codec else defaults.codec)
     cached = tiny_contextspan_checkpoint(config, args.cache_dir, progress=not args.no_progress)
     shutil.copytree(cached, args.out, dirs_exist_ok=True)
     report = json.loads((args.out / REPORT).read_text())

@@ -1,9 +1,10 @@
 """The trained tiny Context Spanning weights committed with the code, so that no machine has to train them.
 
-Training takes about 40 minutes on the 2-core machines the suite runs on (over the 15 the project allows), so the
+Training takes about 50 minutes on the 2-core machines the suite runs on (over the 15 the project allows), so the
 weights the default recipe produced are committed, as `weights/contextspan-tiny-<cache key>.safetensors`: the
 tensors training changed (the temporal transformer, the embeddings, the text head: the depformer and everything
-else are the random base's, rebuilt from the seed) and the agent voice, with the training report as metadata.
+else are the random base's, rebuilt from the seed; the codec is its own release, `training.codec.release`) and the
+agent voice, with the training report as metadata.
 `contextspan train --release` writes that file from the cached checkpoint, replacing the previous release.
 
 A recipe whose key has no release (its data, trainer, convention or router code changed) is trained here as
@@ -28,6 +29,7 @@ from frontend_model.training.checkpoint import (
     PREFIX,
     REPORT,
     VOICE_NAME,
+    base_checkpoint,
     cache_dir_of,
     cache_key,
     trained_checkpoint,
@@ -52,21 +54,22 @@ def tiny_contextspan_checkpoint(train_config: TrainConfig, cache_dir: Path | Non
     release = released_file(key, weights_dir)
     target = cache_dir_of(key, cache_dir)
     if release.is_file():
-        return cached(target, lambda directory: restore(release, train_config, directory, key))
+        return cached(target, lambda directory: restore(release, train_config, directory, key, cache_dir))
     if not target.is_dir():
         logger.warning("no released weights for this training recipe (key %s): training here (the default "
-                       "recipe: about 40 minutes on 2 cores); `contextspan train --release` commits the result", key)
+                       "recipe: about 50 minutes on 2 cores); `contextspan train --release` commits the result", key)
     return trained_checkpoint(train_config, cache_dir, progress)
 
 
-def restore(release: Path, train_config: TrainConfig, directory: Path, key: str) -> Path:
+def restore(release: Path, train_config: TrainConfig, directory: Path, key: str,
+            cache_dir: Path | None = None) -> Path:
     """The released tensors over the random base of the same seed, written as training writes its checkpoint."""
     with safe_open(str(release), framework="pt") as file:
         tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (a safe_open, not a dict)
         report = json.loads((file.metadata() or {})["training"])
     if report["cache_key"] != key:
         raise ValueError(f"{release} holds the weights of recipe {report['cache_key']}, not {key}")
-    base = cached_tiny_checkpoint("contextspan", train_config.seed)
+    base = base_checkpoint(train_config, cache_dir)
     lm = load_model("contextspan", str(base), device="cpu", dtype=torch.float32).lm
     state = {name: value.detach().clone() for name, value in lm.state_dict().items()}
     voice = tensors.pop(VOICE_KEY)

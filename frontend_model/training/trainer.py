@@ -1,5 +1,6 @@
 """The trainer: moshi's own `LMModel` at the tiny widths, text loss only, on the delayed stream through
-`forward_text` (no depformer cost), from the random `tiny-contextspan` base weights.
+`forward_text` (no depformer cost), from the random `tiny-contextspan` base weights, hearing the user through the
+codec distilled from Whisper (`checkpoint.base_checkpoint`).
 
 The tiny model learns the text stream only. Its agent audio rows carry the convention's codes in the data, but
 their input embeddings are held at zero: at serving time they hold what the untrained depformer samples, which
@@ -14,7 +15,8 @@ import random
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,7 @@ from tqdm import tqdm
 
 from frontend_model.loading.loader import LoadedModel
 from frontend_model.span.voice_prompt import VoicePrompt
+from frontend_model.training.codec.distil import CodecConfig
 from frontend_model.training.data import (
     ALL_APPS,
     APP_SHARE,
@@ -76,6 +79,9 @@ class TrainConfig:
     train_chatter: int = 600
     train_follow_ups: int = 300
     slip: float = 0.1  # share of the agent's own answer tokens replaced in its input by another of the span's
+    # The codec the model hears the user through: distilled from Whisper's encoder (`training.codec`), or (None) the
+    # tiny profile's random one, whose codes carry less about question-or-statement than the utterance's length.
+    codec: CodecConfig | None = field(default_factory=CodecConfig)
     threads: int = 1
     workers: int = 1  # processes assembling batches beside the training (0: inline; the batches are the same)
 
@@ -87,7 +93,7 @@ class TrainConfig:
     def total_steps(self) -> int:
         return sum(phase.steps for phase in self.phases())
 
-    def as_dict(self) -> dict[str, int | float]:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -12,15 +12,19 @@ from safetensors.torch import load_file
 
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.babble import babble
+from frontend_model.loading.loader import load_model
 from frontend_model.training.codec import distil as distillation
 from frontend_model.training.codec.distil import CodecConfig, Student, batch, random_student
 from frontend_model.training.codec.release import (
     REPORT,
     codec_key,
     distilled_codec,
+    load_codec,
     release,
     released_codec,
 )
+from frontend_model.training.released import tiny_contextspan_checkpoint
+from frontend_model.training.trainer import TrainConfig
 
 TINY = CodecConfig(questions=3, statements=3, follow_ups=1, apps=1, steps=2, batch_size=4)
 
@@ -68,3 +72,11 @@ def test_the_default_codec_is_released() -> None:
     assert released_codec(codec_key(CodecConfig())).is_file(), (
         "the codec's recipe changed and its weights are not released: run `contextspan distil --out /tmp/codec "
         "--release` (about 45 minutes on 2 cores) and commit frontend_model/training/weights/")
+
+
+def test_the_trained_model_hears_through_the_default_codec() -> None:
+    config = TrainConfig().codec
+    assert config is not None
+    model = load_model("contextspan", str(tiny_contextspan_checkpoint(TrainConfig(), progress=False)), device="cpu")
+    codec = load_codec(distilled_codec(config, progress=False)).state_dict()
+    assert all(torch.equal(value, codec[name]) for name, value in model.mimi.state_dict().items())

@@ -17,6 +17,7 @@ from frontend_model.loading.loader import load_model
 from frontend_model.loading.profiles import TRAINED_PROFILE
 from frontend_model.training import checkpoint as training_checkpoint
 from frontend_model.training.checkpoint import REPORT, VOICE_NAME, cache_key, trained_checkpoint
+from frontend_model.training.codec import distil as distillation
 from frontend_model.training.released import VOICE_KEY, release, released_file, tiny_contextspan_checkpoint
 from frontend_model.training.trainer import TrainConfig
 from server.app.routes import model_loader
@@ -71,18 +72,20 @@ def test_the_default_recipe_is_released() -> None:
     key = cache_key(TrainConfig())
     assert released_file(key).is_file(), (
         f"the training recipe changed (key {key}) and its weights are not released: run `contextspan train --out "
-        "/tmp/trained --release` (the default recipe: about 40 minutes on 2 cores) and commit "
+        "/tmp/trained --release` (the default recipe: about 50 minutes on 2 cores) and commit "
         "frontend_model/training/weights/")
 
 
 def test_the_profile_the_first_readme_command_serves_is_the_release_restored_on_a_fresh_machine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`scripts/dev.sh serve` without a GPU serves `tiny-contextspan-trained`: on an empty cache, the committed release,
-    in seconds, asking for facts (`<ret>` not suppressed as in the random tiny checkpoints). The server finds its
-    directory (`profile_checkpoint`); the loader, which training loads through, is handed it."""
+    """`scripts/dev.sh serve` without a GPU serves `tiny-contextspan-trained`: on an empty cache, the committed releases
+    (the model's and its codec's), in seconds, asking for facts (`<ret>` not suppressed as in the random tiny
+    checkpoints). The server finds its directory (`profile_checkpoint`); the loader, which training loads through, is
+    handed it."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(training_checkpoint, "train_into", must_not_train)
+    monkeypatch.setattr(distillation, "distil", must_not_train)
     with pytest.raises(ModelLoadError, match="profile_checkpoint"):
         load_model(TRAINED_PROFILE, device="cpu")
     model = model_loader(ServerSettings(device="cpu"), TRAINED_PROFILE, None)()

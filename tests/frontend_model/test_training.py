@@ -21,12 +21,12 @@ from benchmarks.harness.testset import word_edits
 from frontend_model.engine.codec import FrameCodec
 from frontend_model.frame import FRAME_SAMPLES
 from frontend_model.loading.loader import LoadedModel, load_model
-from frontend_model.loading.tiny_files import cached_tiny_checkpoint
 from frontend_model.span.build import build_prefix, build_span
 from frontend_model.span.voice_prompt import VoicePrompt
 from frontend_model.training import checkpoint as training_checkpoint
 from frontend_model.training import command as training_command
-from frontend_model.training.checkpoint import REPORT, VOICE_NAME, cache_key, trained_checkpoint
+from frontend_model.training.checkpoint import REPORT, VOICE_NAME, base_checkpoint, cache_key, trained_checkpoint
+from frontend_model.training.codec.distil import CodecConfig
 from frontend_model.training.data import (
     ABSTAIN_REPLY,
     LATER_LEAD,
@@ -67,8 +67,8 @@ from tests.e2e.test_behaviour_e2e import APP_TEXTS
 
 @pytest.fixture(scope="module")
 def model() -> LoadedModel:
-    return load_model("contextspan", str(cached_tiny_checkpoint("contextspan", 0)), device="cpu",
-                      dtype=torch.float32)
+    """The base the default recipe trains: random, hearing through the distilled codec."""
+    return load_model("contextspan", str(base_checkpoint(TrainConfig())), device="cpu", dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -288,7 +288,8 @@ def test_the_cache_key_follows_hyper_parameters_and_seed_not_the_batch_workers()
     assert cache_key(base) == cache_key(TrainConfig()) == cache_key(TrainConfig(workers=base.workers + 1))
     others = [TrainConfig(seed=1), TrainConfig(steps=base.steps + 1), TrainConfig(copy_steps=base.copy_steps + 1),
               TrainConfig(app_share=base.app_share / 2), TrainConfig(lr=base.lr / 2),
-              TrainConfig(context=base.context + 1)]
+              TrainConfig(context=base.context + 1), TrainConfig(codec=None),
+              TrainConfig(codec=CodecConfig(steps=1))]
     assert len({cache_key(base), *(cache_key(other) for other in others)}) == 1 + len(others)
 
 
@@ -347,9 +348,9 @@ def test_the_train_command_trains_the_recipe_its_flags_name(tmp_path: Path, monk
         return directory
 
     monkeypatch.setattr(training_command, "tiny_contextspan_checkpoint", cached)
-    flags = ["--copy-steps", "4000", "--app-share", "0.12", "--slip", "0.2", "--no-progress"]
+    flags = ["--copy-steps", "4000", "--app-share", "0.12", "--slip", "0.2", "--random-codec", "--no-progress"]
     assert training_command.train_main(["--out", str(tmp_path / "out"), *flags]) == 0
-    assert asked == [TrainConfig(copy_steps=4000, app_share=0.12, slip=0.2)]
+    assert asked == [TrainConfig(copy_steps=4000, app_share=0.12, slip=0.2, codec=None)]
     assert json.loads((tmp_path / "out" / REPORT).read_text())["cache_key"] == cache_key(asked[0])
 
 

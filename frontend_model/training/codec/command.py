@@ -1,5 +1,5 @@
 """`contextspan distil --out DIR`: the tiny codec distilled from Whisper tiny.en's encoder (from the cache, its
-committed release, or distilled here: about 40 minutes on 2 cores); `--release` also commits its weights."""
+committed release, or distilled here: about 45 minutes on 2 cores); `--release` also commits its weights."""
 
 from __future__ import annotations
 
