@@ -187,7 +187,8 @@ def outside_the_open_response(seen: Seen) -> list[str]:
 @pytest.fixture(scope="module")
 def conversation(server: RunningServer, question: np.ndarray) -> Seen:
     """The whole flow over the SDK: the client's tool declared, the spoken question, a system item and the input
-    buffer's and items' other events, until the tool call, answered by the client, is injected."""
+    buffer's and items' other events, until the tool call, answered by the client, is injected and the agent has
+    spoken."""
     async def answer_tools(connection: Any, event: Any) -> None:
         if event.type == "response.function_call_arguments.done":
             assert event.name == "get_weather" and json.loads(event.arguments) == {"place": "Paris"}
@@ -207,8 +208,11 @@ def conversation(server: RunningServer, question: np.ndarray) -> Seen:
               (1.4, {"type": "conversation.item.retrieve", "item_id": "item_booked"})]
     session = {"type": "realtime", "instructions": "You are a helpful assistant.", "tools": [WEATHER_TOOL],
                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None}}}
-    return asyncio.run(converse(server, question, answer_tools, until=lambda s: bool(span_for(s, "get_weather")),
-                                session=session, extra=[(1.0, item), *others]))
+    # Until the agent has also said something: on a quick host the whole tool call can be over before the agent's
+    # first word, which comes only after its user has finished (`agent_listens`).
+    return asyncio.run(converse(server, question, answer_tools, session=session, extra=[(1.0, item), *others],
+                                until=lambda s: bool(span_for(s, "get_weather")
+                                                     and s.of("response.output_audio_transcript.delta"))))
 
 
 @pytest.fixture(scope="module")
