@@ -6,7 +6,7 @@ checkpoint's text temperature and top-k), teacher-forced on a window as a rolled
 then the most recent frames, `KEPT` of them), the agent silent. Summed over frames, it is the expected number of asks:
 - rooms: every training noise profile (`served.PROFILES`) drawn with seeds training never used, as served; `<ret>` a
   minute per room;
-- chatter: held-out statements (`recipes` "held_out"; `--split train`: the training ones, to tell what the model did
+- chatter: held-out statements (`statements` "held_out"; `--split train`: the training ones, to tell what the model did
   not generalise from what it did not learn), in the held-out and training voices, each in a room, and the room after
   it: the chance of at least one `<ret>` per statement;
 - questions: held-out phrasings and follow-ups (or the training ones), the same way: the chance of `<ret>` within
@@ -42,13 +42,13 @@ from frontend_model.training.recipes import (
     HELD_OUT_VOICES,
     TRAIN_VOICES,
     Split,
-    draw_chatter,
     draw_exchange,
     draw_follow_up,
     follow_up_kinds,
 )
 from frontend_model.training.served import PROFILES
 from frontend_model.training.speech import Voice
+from frontend_model.training.statements import draw_statement
 
 DEFAULT_OUT = Path("benchmarks/results/asks-tiny-contextspan-cpu.json")
 KEPT = 57  # live frames a rolled window of the trained model keeps after its prefix (96-frame context)
@@ -132,7 +132,7 @@ def measure(model: LoadedModel, statements: int, questions: int, follow_ups: int
     for i, profile in enumerate(PROFILES):
         track = served_silence(model.mimi, ROOM_FRAMES, profile, seed=10_000 + seed + i)
         rooms[profile.name] = [windows.logits(track[:, s:s + KEPT]) for s in range(0, ROOM_FRAMES - KEPT + 1, KEPT)]
-    said = spoken(model, [draw_chatter(rng, split) for _ in range(statements)], rng, seed + 1)
+    said = spoken(model, [draw_statement(rng, split) for _ in range(statements)], rng, seed + 1)
     # Held out: the order every committed result drew its follow-ups in.
     kinds = ("time", "math") if split == "held_out" else follow_up_kinds(split)
     asked = spoken(model, [draw_exchange(rng, split).question for _ in range(questions)]

@@ -52,8 +52,9 @@ from benchmarks.harness.testset import load_testset
 from benchmarks.report import add_trained_checkpoint_flag, machine_info, save_json, trained_checkpoint
 from contextspan_client import chat_url
 from frontend_model.frame import FRAME_S, SAMPLE_RATE
-from frontend_model.training.recipes import HELD_OUT_VOICES, draw_chatter, draw_exchange
+from frontend_model.training.recipes import HELD_OUT_VOICES, draw_exchange
 from frontend_model.training.speech import Voice, speak
+from frontend_model.training.statements import draw_statement
 
 DEFAULT_OUT = Path("benchmarks/results/behaviour-tiny-contextspan-cpu.json")
 
@@ -155,7 +156,7 @@ def run_config(checkpoint: Path, prefill: str, batch: int, questions: list[str],
             turns: list[Turn] = []
             for lo in range(0, len(questions), batch):
                 turns += asyncio.run(ask(ws, questions[lo:lo + batch], voice, lead_s=lead_s))
-            quiet = asyncio.run(false_triggers(ws, silence_s, [draw_chatter(random.Random(i), "held_out")
+            quiet = asyncio.run(false_triggers(ws, silence_s, [draw_statement(random.Random(i), "held_out")
                                                                for i in range(5)], voice)) if silence_s else {}
         finally:
             stop_server(process)

@@ -49,7 +49,7 @@ from frontend_model.span.config import (
     SpanConfig,
 )
 from frontend_model.span.contract import CONTRACTS, SpanContract
-from frontend_model.span.placeholders import compute_placeholder_codes
+from frontend_model.span.placeholders import placeholder_fields
 from frontend_model.span.text_ids import AgentText
 from frontend_model.span.voice_prompt import VoicePrompt
 
@@ -153,8 +153,7 @@ def _load_random(
     if context is not None:
         lm_config["context"] = context
     lm, mimi = random_models(lm_config, mimi_config, device, dtype, seed)
-    silence, sine = compute_placeholder_codes(mimi)
-    span = _span_config(lm, SpanOverrides(silence_codes=silence, sine_codes=sine), "random weights")
+    span = _span_config(lm, SpanOverrides(**placeholder_fields(mimi)), "random weights")
     width = " at reduced width" if reduced else ""
     description = f"{profile}: random weights (seed {seed}){width}, the audio is noise"
     return LoadedModel(profile, lm, mimi, tokenizer, span, random_weights=True, description=description,
@@ -177,8 +176,7 @@ def _load_checkpoint(
     mimi = _load_mimi(files, device, lm.n_q // 2)
     overrides = read_overrides(files.own_config)
     if overrides.silence_codes is None and layout == "kyutai":
-        silence, sine = compute_placeholder_codes(mimi)
-        overrides = overrides.model_copy(update={"silence_codes": silence, "sine_codes": sine})
+        overrides = overrides.model_copy(update=placeholder_fields(mimi))
     span = _span_config(lm, overrides, str(files.own_config or files.source), dep_q=trained,
                         prefix_silence_frames=PREFIX_SILENCE_FRAMES[layout], contract=CONTRACTS[layout])
     voices = load_voices(files.voices, VoiceShape.of(lm))

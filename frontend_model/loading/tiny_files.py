@@ -31,7 +31,7 @@ from frontend_model.loading.checkpoint.files import CONTEXT_SPANNING_WEIGHTS, OW
 from frontend_model.loading.profiles import TINY_LM_CONFIG, TINY_MIMI_CONFIG, Layout
 from frontend_model.loading.random_weights import random_models
 from frontend_model.loading.tiny_tokenizer import cache_root, tiny_tokenizer_path
-from frontend_model.span.placeholders import compute_placeholder_codes
+from frontend_model.span.placeholders import placeholder_fields
 
 FORMAT_VERSION = 2  # bump when what is written changes, so that caches are rewritten
 VOICE_FRAMES = 10
@@ -78,8 +78,7 @@ def write_tiny_checkpoint(
     shutil.copy(tiny_tokenizer_path(), directory / loaders.TEXT_TOKENIZER_NAME)
     (directory / MIMI_CONFIG_NAME).write_text(json.dumps(TINY_MIMI_CONFIG))
     (directory / "config.json").write_text(json.dumps({**lm_config, "mimi_config_name": MIMI_CONFIG_NAME}))
-    silence, sine = compute_placeholder_codes(mimi)
-    (directory / OWN_CONFIG).write_text(json.dumps({"silence_codes": silence, "sine_codes": sine}))
+    (directory / OWN_CONFIG).write_text(json.dumps(placeholder_fields(mimi)))
     generator = torch.Generator().manual_seed(seed)
     if layout != "kyutai":
         _write_voices(directory / "voices", lm, generator)

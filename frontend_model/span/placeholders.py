@@ -24,3 +24,9 @@ def compute_placeholder_codes(mimi: MimiModel, warmup_frames: int = 3) -> tuple[
     pcm = torch.stack([silence.repeat(frames), sine.repeat(frames)])[:, None]
     codes = mimi.encode(pcm.to(next(mimi.parameters()).device))[:, :, -1].tolist()
     return tuple(codes[0]), tuple(codes[1])
+
+
+def placeholder_fields(mimi: MimiModel) -> dict[str, tuple[int, ...]]:
+    """`mimi`'s placeholder codes as a checkpoint's own config (`contextspan.json`) and `SpanOverrides` name them."""
+    silence, sine = compute_placeholder_codes(mimi)
+    return {"silence_codes": silence, "sine_codes": sine}

@@ -34,8 +34,8 @@ from frontend_model.loading.profiles import TINY_LM_CONFIG, TINY_MIMI_CONFIG
 from frontend_model.loading.tiny_files import MIMI_CONFIG_NAME, cached_tiny_checkpoint
 from frontend_model.loading.tiny_tokenizer import cache_root, tiny_tokenizer_path
 from frontend_model.span import block, build, config, convention, normaliser
-from frontend_model.span.placeholders import compute_placeholder_codes
-from frontend_model.training import data, recipes, served, speech, trainer
+from frontend_model.span.placeholders import placeholder_fields
+from frontend_model.training import data, recipes, served, speech, statements, trainer
 from frontend_model.training.cache import cached
 from frontend_model.training.codec.release import codec_key, distilled_codec, load_codec
 from frontend_model.training.trainer import TrainConfig, Trained, train
@@ -47,8 +47,8 @@ PREFIX = "contextspan-tiny-"
 # Every module whose code shapes the training data or the weights (the router, its question finder and its tools write
 # the spans; the server's leveller shapes the user's audio; the random codec's codebooks shape what it hears).
 _SOURCES = (convention, block, build, config, normaliser, babble, random_weights, tiny_files, data, recipes, served,
-            speech, trainer, router, question, request, arithmetic, clock, date, numbers, places, time_in_place,
-            unit_conversion, leveller)
+            speech, statements, trainer, router, question, request, arithmetic, clock, date, numbers, places,
+            time_in_place, unit_conversion, leveller)
 
 
 def cache_key(train_config: TrainConfig) -> str:
@@ -98,9 +98,8 @@ def with_codec(base: Path, codec: Path, directory: Path) -> Path:
     shutil.copytree(base, directory, dirs_exist_ok=True)
     for name in (loaders.MIMI_NAME, MIMI_CONFIG_NAME):
         shutil.copy(codec / name, directory / name)
-    silence, sine = compute_placeholder_codes(load_codec(codec))
     own = json.loads((directory / OWN_CONFIG).read_text())
-    (directory / OWN_CONFIG).write_text(json.dumps({**own, "silence_codes": silence, "sine_codes": sine}))
+    (directory / OWN_CONFIG).write_text(json.dumps({**own, **placeholder_fields(load_codec(codec))}))
     return directory
 
 

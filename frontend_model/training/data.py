@@ -17,8 +17,9 @@ says the answer, not the prefix), sometimes the abstain span (the agent says `AB
 pushes a span with no question and no `<ret>` (`span.inject`: its text as pushed, said as it is). The persona prefix
 is mostly the trained checkpoint's own short default persona (`TRAINED_PERSONA`, written to its `contextspan.json`)
 with its voice, what a session that names neither gets: short enough that the prefix stays in the attention context.
-Chatter (statements and small talk, between turns or alone) and long quiet stretches ask nothing. Prefix and span
-columns carry no loss; `<ret>` is weighted up and padding down, as the reference's fine-tuning weights them.
+Chatter (statements and small talk drawn by `statements`, between turns or alone) and long quiet stretches ask
+nothing. Prefix and span columns carry no loss; `<ret>` is weighted up and padding down, as the reference's
+fine-tuning weights them.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from frontend_model.span.voice_prompt import VoicePrompt
 from frontend_model.training.recipes import (
     Split,
     app_text,
-    draw_chatter,
     draw_exchange,
     draw_follow_up,
     draw_voice,
@@ -54,6 +54,7 @@ from frontend_model.training.recipes import (
 )
 from frontend_model.training.served import PROFILES, NoiseProfile, session
 from frontend_model.training.speech import Voice, speak
+from frontend_model.training.statements import draw_statement
 
 # Frames between the end of a question's speech and `<ret>` on the agent's text row. Not one fixed frame: a model that
 # let that frame pass had never seen a question go on unanswered and asked seconds later, or never.
@@ -180,11 +181,7 @@ def later_in_session(rng: random.Random, own: np.ndarray, earlier: np.ndarray | 
     before = rng.randint(*LATER_LEAD) - LEAD_FRAMES
     if earlier is not None:
         before = max(before, math.ceil(len(earlier) / FRAME_SAMPLES) + 4)
-    pcm = np.zeros(before * FRAME_SAMPLES + len(own), np.float32)
-    if earlier is not None:
-        pcm[:len(earlier)] = earlier
-    pcm[before * FRAME_SAMPLES:] = own
-    return pcm, LEAD_FRAMES + before
+    return session_words(own, before * FRAME_SAMPLES, earlier), LEAD_FRAMES + before
 
 
 def served_silence(mimi: MimiModel, frames: int = SILENCE_FRAMES, profile: NoiseProfile = PROFILES[0],
@@ -203,24 +200,43 @@ def speak_and_encode(mimi: MimiModel, lines: list[tuple[str, Voice, float]], bat
                      profiles: list[int] | None = None, seed: int = 0, later: float = 0.0) -> list[Utterance]:
     """(text, voice, gain) -> utterances, spoken by espeak-ng and encoded `batch_size` at a time: in the rooms of
     `profiles` (one per line, as served; a share `later` of them said later in the session, `later_in_session`), or
-    (None) as raw PCM after digital silence."""
+    (None) as raw PCM after digital silence. Encoded in order of length, so that a batch pads its clips little (a
+    clip said 24 s into a session beside 2 s ones tripled the cost); each clip's frames are its own (the codec is
+    causal)."""
     rng = random.Random(seed)
-    out = []
-    for lo in range(0, len(lines), batch_size):
-        chunk = lines[lo:lo + batch_size]
-        rooms = None if profiles is None else profiles[lo:lo + batch_size]
-        seeds = [seed * 1_000_003 + lo + i for i in range(len(chunk))]
-        words = [speak(text, voice) * gain for text, voice, gain in chunk]
-        pcms, leads = list(words), [LEAD_FRAMES] * len(words)
-        for i, own in enumerate(words):
-            if rooms is not None and rng.random() < later:
-                others = [w for j, w in enumerate(words) if j != i]
-                earlier = rng.choice(others) if others and rng.random() < EARLIER_WORDS else None
-                pcms[i], leads[i] = later_in_session(rng, own, earlier)
-        encoded = encode_speech(mimi, pcms, rooms, seeds, leads)
-        out += [Utterance(text, voice.label(), codes, frames, 0 if rooms is None else rooms[i], after)
-                for i, ((text, voice, _), (codes, frames, after)) in enumerate(zip(chunk, encoded, strict=True))]
-    return out
+    words = [speak(text, voice) * gain for text, voice, gain in lines]
+    placed: list[tuple[int, int | None, int]] = []  # per line: (frames before its words, earlier words', lead)
+    for i, own in enumerate(words):
+        if profiles is not None and rng.random() < later:
+            others = [j for j in range(max(0, i - batch_size), min(len(words), i + batch_size)) if j != i]
+            earlier = rng.choice(others) if others and rng.random() < EARLIER_WORDS else None
+            pcm, lead = later_in_session(rng, own, None if earlier is None else words[earlier])
+            placed.append((len(pcm) - len(own), earlier, lead))
+        else:
+            placed.append((0, None, LEAD_FRAMES))
+    order = sorted(range(len(lines)), key=lambda i: placed[i][0] + len(words[i]))
+    encoded: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
+    for lo in range(0, len(order), batch_size):
+        chunk = order[lo:lo + batch_size]
+        pcms = [session_words(words[i], placed[i][0], None if placed[i][1] is None else words[placed[i][1]])
+                for i in chunk]
+        rooms = None if profiles is None else [profiles[i] for i in chunk]
+        seeds = [seed * 1_000_003 + i for i in chunk]
+        encoded.update(zip(chunk, encode_speech(mimi, pcms, rooms, seeds, [placed[i][2] for i in chunk]),
+                           strict=True))
+    return [Utterance(text, voice.label(), *encoded[i][:2], 0 if profiles is None else profiles[i], encoded[i][2])
+            for i, (text, voice, _) in enumerate(lines)]
+
+
+def session_words(own: np.ndarray, before: int, earlier: np.ndarray | None) -> np.ndarray:
+    """`own` after `before` samples of a session, which start with `earlier` words (if any)."""
+    if before == 0:
+        return own
+    pcm = np.zeros(before + len(own), np.float32)
+    if earlier is not None:
+        pcm[:len(earlier)] = earlier
+    pcm[before:] = own
+    return pcm
 
 
 @dataclass(frozen=True)
@@ -257,7 +273,7 @@ def synthesise_corpus(mimi: MimiModel, split: Split, questions: int, chatter: in
     lines = [(e.question, draw_voice(rng, split), rng.uniform(0.3, 1.3)) for e in exchanges]
     rooms = [draw_profile(rng) for _ in lines]
     asked = speak_and_encode(mimi, lines, profiles=rooms, seed=rng.randrange(1 << 30), later=LATER_SHARE)
-    lines = [(draw_chatter(rng, split), draw_voice(rng, split), rng.uniform(0.3, 1.3)) for _ in range(chatter)]
+    lines = [(draw_statement(rng, split), draw_voice(rng, split), rng.uniform(0.3, 1.3)) for _ in range(chatter)]
     rooms = [draw_profile(rng) for _ in lines]
     said = speak_and_encode(mimi, lines, profiles=rooms, seed=rng.randrange(1 << 30), later=LATER_SHARE)
     kinds = follow_up_kinds(split)

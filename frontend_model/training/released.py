@@ -1,6 +1,6 @@
 """The trained tiny Context Spanning weights committed with the code, so that no machine has to train them.
 
-Training takes about 50 minutes on the 2-core machines the suite runs on (over the 15 the project allows), so the
+Training takes about 42 minutes on the 2-core machines the suite runs on (over the 15 the project allows), so the
 weights the default recipe produced are committed, as `weights/contextspan-tiny-<cache key>.safetensors`: the
 tensors training changed (the temporal transformer, the embeddings, the text head: the depformer and everything
 else are the random base's, rebuilt from the seed; the codec is its own release, `training.codec.release`) and the
@@ -57,7 +57,7 @@ def tiny_contextspan_checkpoint(train_config: TrainConfig, cache_dir: Path | Non
         return cached(target, lambda directory: restore(release, train_config, directory, key, cache_dir))
     if not target.is_dir():
         logger.warning("no released weights for this training recipe (key %s): training here (the default "
-                       "recipe: about 50 minutes on 2 cores); `contextspan train --release` commits the result", key)
+                       "recipe: about 42 minutes on 2 cores); `contextspan train --release` commits the result", key)
     return trained_checkpoint(train_config, cache_dir, progress)
 
 

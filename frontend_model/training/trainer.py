@@ -76,7 +76,7 @@ class TrainConfig:
     max_gap: int = 30  # frames between `<ret>` and the span, at most (2.4 s: the server's deadline is 2.5 s)
     max_turns: int = 3  # turns a conversation has, at most: follow-ups, questions while the agent answers
     train_questions: int = 1500  # distinct spoken questions: with a few hundred, `<ret>` learns them by heart
-    train_chatter: int = 600
+    train_chatter: int = 900  # statements drawn from templates (`statements`): 44 sentences were learnt by heart
     train_follow_ups: int = 300
     slip: float = 0.1  # share of the agent's own answer tokens replaced in its input by another of the span's
     # The codec the model hears the user through: distilled from Whisper's encoder (`training.codec`), or (None) the
@@ -240,9 +240,11 @@ def _train(model: LoadedModel, config: TrainConfig, progress: bool,
     started = time.monotonic()
     torch.manual_seed(config.seed)
     lm, mimi = model.lm, model.mimi
+    torch.set_num_threads(config.threads + config.workers)  # the cores the training takes, idle until it starts
     voice_codes = speak_and_encode(mimi, [(AGENT_VOICE_TEXT, AGENT_VOICE, 1.0)])[0].codes[:, :VOICE_FRAMES]
     corpus: Corpus = synthesise_corpus(mimi, "train", config.train_questions, config.train_chatter, config.seed,
                                        config.train_follow_ups)
+    torch.set_num_threads(config.threads)
     assembler = Assembler.for_model(model, VoicePrompt("agent", codes=voice_codes))
     params = prepare_for_training(lm, config.context)
     lm.train()

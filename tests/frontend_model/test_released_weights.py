@@ -72,7 +72,7 @@ def test_the_default_recipe_is_released() -> None:
     key = cache_key(TrainConfig())
     assert released_file(key).is_file(), (
         f"the training recipe changed (key {key}) and its weights are not released: run `contextspan train --out "
-        "/tmp/trained --release` (the default recipe: about 50 minutes on 2 cores) and commit "
+        "/tmp/trained --release` (the default recipe: about 42 minutes on 2 cores) and commit "
         "frontend_model/training/weights/")
 
 

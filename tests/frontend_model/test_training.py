@@ -240,6 +240,18 @@ def test_words_said_later_in_a_session_reach_the_codec_otherwise(model: LoadedMo
         assert not torch.equal(one.codes[:, :frames], other.codes[:, :frames])
 
 
+def test_utterances_come_back_in_the_order_of_their_lines_each_encoded_as_alone(model: LoadedModel) -> None:
+    """Lines are encoded in order of length (short clips padded little); each still gets its own codes."""
+    lines = [("could you tell me what time it is in Paris right now", Voice("en-us"), 1.0),
+             ("hmm", Voice("en-gb"), 1.0), ("okay, thanks", Voice("en-us"), 1.0)]
+    together = speak_and_encode(model.mimi, lines, batch_size=2, profiles=[1, 2, 3], seed=4)
+    assert [u.text for u in together] == [text for text, _, _ in lines]
+    assert [u.profile for u in together] == [1, 2, 3]
+    assert together[0].speech_frames > together[2].speech_frames > together[1].speech_frames
+    (alone,) = speak_and_encode(model.mimi, lines[:1], profiles=[1], seed=4)
+    assert torch.equal(alone.codes, together[0].codes) and torch.equal(alone.after, together[0].after)
+
+
 def test_batches_drawn_in_a_worker_process_are_the_batches_drawn_inline(model: LoadedModel, corpus: Corpus) -> None:
     config = TrainConfig(copy_steps=1, steps=2, batch_size=2)
     batches = Batches(assembler(model), corpus, config)
