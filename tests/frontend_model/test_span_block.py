@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from frontend_model.loading.loader import LoadedModel, compute_placeholder_codes, load_model
+from frontend_model.loading.loader import LoadedModel, load_model
 from frontend_model.span.build import build_span
+from frontend_model.span.placeholders import compute_placeholder_codes
 from frontend_model.span.text_ids import non_text_ids
 
 
