@@ -13,10 +13,13 @@ then the most recent frames, `KEPT` of them), the agent silent. Summed over fram
   `ASK_FRAMES` of the question's end (training puts it 1-4 frames after).
 
 And where in a window the rooms' asks fall (`<ret>` a minute by ten frames after the prefix, the mean of the six
-profiles, each session's first window left out). Each also with the `<ret>` logit shifted down (`SHIFTS`): if a
-served threshold could cut asks in noise and chatter and keep them after questions, it shows here. And what the codec
-keeps of the statements' and questions' speech (`heard`: distinct codes by user codebook, distinct frames), what the
-model has to tell them apart by. A development set, never the test set: its numbers are labelled so.
+profiles, each session's first window left out), and around a statement's or a question's end (the mean `<ret>`
+chance a frame by `OFFSET_BUCKET` frames from the speech's end: whether the model asks where training put `<ret>`
+after the one and nothing after the other, or at every end of speech). Each also with the `<ret>` logit shifted
+down (`SHIFTS`): if a served threshold could cut asks in noise and chatter and keep them after questions, it shows
+here. And what the codec keeps of the statements' and questions' speech (`heard`: distinct codes by user codebook,
+distinct frames), what the model has to tell them apart by. A development set, never the test set: its numbers are
+labelled so.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ ASK_FRAMES = 6
 BUCKET = 10
 LEAD_FRAMES = 8
 SHIFTS = (0.0, -math.log(2), -math.log(5), -math.log(10))
+OFFSET_BUCKET = 4
+OFFSETS = range(-8, 24, OFFSET_BUCKET)
 
 
 class Windows:
@@ -138,8 +143,10 @@ def measure(model: LoadedModel, statements: int, questions: int, follow_ups: int
     asked = spoken(model, [draw_exchange(rng, split).question for _ in range(questions)]
                    + [draw_follow_up(rng, split, rng.choice(kinds)) for _ in range(follow_ups)],
                    rng, seed + 2)
-    chatter = [windows.around(u)[0] for u in said]
-    hazards = [logits[end:end + ASK_FRAMES] for logits, end in (windows.around(u) for u in asked)]
+    around_said = [windows.around(u) for u in said]
+    around_asked = [windows.around(u) for u in asked]
+    chatter = [logits for logits, _ in around_said]
+    hazards = [logits[end:end + ASK_FRAMES] for logits, end in around_asked]
 
     def at_least_one(chances: torch.Tensor) -> float:
         return 1 - float(torch.prod(1 - chances))
@@ -162,7 +169,23 @@ def measure(model: LoadedModel, statements: int, questions: int, follow_ups: int
     return {"split": split, "statements": statements, "questions": questions, "follow_ups": follow_ups,
             "heard": heard(said + asked),
             "rows": rows,
+            "ret_chance_by_offset": {"bucket_frames": OFFSET_BUCKET, "from": list(OFFSETS),
+                                     "statements": by_offset(windows, around_said),
+                                     "questions": by_offset(windows, around_asked[:questions])},
             "rooms_rets_per_min_by_frame": {"bucket_frames": BUCKET, "rets_per_min": by_frame}}
+
+
+def by_offset(windows: Windows, around: list[tuple[torch.Tensor, int]]) -> list[float]:
+    """The mean unshifted `<ret>` chance a frame in each `OFFSETS` bucket of frames from the speech's end."""
+    sums = dict.fromkeys(OFFSETS, 0.0)
+    counts = dict.fromkeys(OFFSETS, 0)
+    for logits, end in around:
+        for frame, chance in enumerate(windows.ret_chance(logits, 0.0).tolist()):
+            start = (frame - end) // OFFSET_BUCKET * OFFSET_BUCKET
+            if start in sums:
+                sums[start] += chance
+                counts[start] += 1
+    return [round(sums[o] / counts[o], 3) if counts[o] else 0.0 for o in OFFSETS]
 
 
 def table(rows: list[dict]) -> str:
@@ -194,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result["rows"]))
     print(f"rooms, `<ret>` a minute by {BUCKET} frames after the prefix (a session's first window left out): "
           f"{result['rooms_rets_per_min_by_frame']['rets_per_min']}")
+    for kind in ("statements", "questions"):
+        print(f"`<ret>` chance a frame after {kind}, by {OFFSET_BUCKET} frames from the speech's end "
+              f"{list(OFFSETS)}: {result['ret_chance_by_offset'][kind]}")
     print(f"heard: {result['heard']['speech_frames']} speech frames of statements and questions, distinct codes by "
           f"user codebook {result['heard']['distinct_codes_by_codebook']}, distinct frames "
           f"{result['heard']['distinct_frames']}")

@@ -56,7 +56,7 @@ BENCHMARKS = {"load": "benchmarks.load_test", "span": "benchmarks.span_latency",
               "layout": "benchmarks.checkpoint_layout", "kyutai": "benchmarks.kyutai_baseline",
               "frameworks": "benchmarks.realtime_frameworks", "window": "benchmarks.window",
               "resume": "benchmarks.resume", "asr": "benchmarks.asr_settings", "asks": "benchmarks.asking",
-              "hear": "benchmarks.hearing"}
+              "hear": "benchmarks.hearing", "gc": "benchmarks.gc_pause"}
 
 
 def serve(settings: ServerSettings) -> int:

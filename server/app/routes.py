@@ -42,6 +42,7 @@ from server.batching.window_policy import WindowPolicy, resolve_window
 from server.batching.worker import ModelWorker, WorkerRestarted
 from server.guard import auth
 from server.guard.limits import ConnectionsPerAddress
+from server.ops.collector import PauseWatch, freeze_loaded
 from server.ops.json_logging import session_id_var
 from server.ops.metrics import Metrics
 from server.ops.recording import recording_path
@@ -206,6 +207,7 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
     if trigger.trigger == "asr" and state.backend.asr_process is None:
         logger.warning("retrieval trigger asr needs speech recognition, which is off: no retrieval will start")
     state.model, state.worker, state.trigger = model, worker, trigger
+    logger.info("froze %d objects made while loading: no garbage collection walks them", freeze_loaded())
     return load
 
 
@@ -304,6 +306,7 @@ async def watch_worker(state: ServerState, make_model: Callable[[], LoadedModel]
         model = await asyncio.to_thread(make_model)
         state.batcher = await start_batcher(state, model, worker, batcher.cost, batcher.model.optimisations)
         state.model = model
+        freeze_loaded()  # the stuck model's objects are collected; the new one's frozen
         logger.info("model worker restarted; %d slot(s) ready again", state.batcher.size)
 
 
@@ -335,10 +338,13 @@ def create_app(settings: ServerSettings | None = None, model: LoadedModel | None
             if make_model is not None:
                 await watch_worker(state, make_model)
 
+        pauses = PauseWatch(state.metrics.gc_pause)
+        pauses.start()
         loader = asyncio.create_task(load_and_watch())
         try:
             yield
         finally:
+            pauses.stop()
             loader.cancel()
             if state.batcher is not None:
                 await state.batcher.stop(WorkerRestarted("the server is shutting down"))

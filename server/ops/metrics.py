@@ -93,6 +93,11 @@ class Metrics:
             "contextspan_memory_session_capacity", "Sessions whose state fits the device's memory beside the weights",
             registry=r,
         )
+        self.gc_pause = Histogram(
+            "contextspan_gc_pause_seconds", "Python's garbage collector held the process (ticks and the event loop "
+            "wait): one collection, by generation; what loading made is frozen out of them", ["generation"],
+            buckets=_MS_BUCKETS, registry=r,
+        )
         self.optimisation_active = Gauge(
             "contextspan_optimisation_active", "GPU optimisations running (1) or not (0: off after a failed start, "
             "unused, or not applicable); /readyz says why", ["name"], registry=r,

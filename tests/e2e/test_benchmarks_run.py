@@ -32,6 +32,17 @@ def test_bench_batch_reports_every_batch_size(tmp_path: Path) -> None:
     assert report["rows"][0]["p50_vs_one_session"] == 1.0
 
 
+def test_bench_gc_times_full_collections_of_the_loaded_server_with_what_it_loaded_frozen_and_not(
+    tmp_path: Path
+) -> None:
+    out = tmp_path / "gc.json"
+    bench("gc", "--repeats", "2", "--ballast", "100000", "--json", str(out))
+    report = json.loads(out.read_text())
+    assert report["frozen_objects"] > 100000
+    assert report["frozen"]["objects_walked"] < report["unfrozen"]["objects_walked"] - 100000
+    assert all(report[way]["median_ms"] > 0 for way in ("frozen", "unfrozen"))
+
+
 def test_bench_window_rolls_a_session_past_its_context_ahead_or_in_the_tick_and_compares_it_with_sliding(
         tmp_path: Path) -> None:
     out = tmp_path / "window.json"
@@ -126,6 +137,9 @@ def test_bench_asks_reports_every_room_statements_and_questions_and_a_lower_ret_
     for row in rows:
         assert list(row["rets_per_min_by_room"]) == [p.name for p in PROFILES]
         assert 0 <= row["asks_per_statement"] <= 1 and 0 <= row["questions_asked"] <= 1
+    offsets = report["ret_chance_by_offset"]
+    assert all(len(offsets[kind]) == len(offsets["from"]) and all(0 <= c <= 1 for c in offsets[kind])
+               for kind in ("statements", "questions"))
     for key in ("rets_per_min_rooms", "asks_per_statement", "questions_asked", "follow_ups_asked"):
         assert all(a[key] >= b[key] for a, b in pairwise(rows)), key
     heard = report["heard"]
