@@ -206,8 +206,8 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
     logger.info("past the %d-frame context: %s", model.span.context, batcher.window_mode)
     if trigger.trigger == "asr" and state.backend.asr_process is None:
         logger.warning("retrieval trigger asr needs speech recognition, which is off: no retrieval will start")
-    state.model, state.worker, state.trigger = model, worker, trigger
     logger.info("froze %d objects made while loading: no garbage collection walks them", freeze_loaded())
+    state.model, state.worker, state.trigger = model, worker, trigger  # ready: frozen before any session
     return load
 
 

@@ -6,10 +6,12 @@ import gc
 import weakref
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from server.ops.collector import PauseWatch, freeze_loaded
+from tests.e2e.servers import in_process_server, pinned_settings
 
 
 class Node:
@@ -65,3 +67,18 @@ def test_each_collection_s_pause_is_observed_by_generation_while_watched() -> No
         return samples["pause_count"], samples["pause_sum"]
 
     assert observed("2") == (1.0, 0.25) and observed("0") == (1.0, 0.5)
+
+
+def test_a_server_freezes_its_model_once_loaded_and_times_collections_until_it_stops(unfrozen: None) -> None:
+    callbacks = len(gc.callbacks)
+    with in_process_server(pinned_settings(recordings=False, max_sessions=1, asr=False)) as server:
+        model = server.state.model
+        assert model is not None
+        tracked = {id(o) for o in gc.get_objects()}
+        assert id(model) not in tracked and id(model.lm) not in tracked, "walked by every full collection"
+        gc.collect()
+        metrics = httpx.get(f"{server.http}/metrics", timeout=10).text
+    full = 'contextspan_gc_pause_seconds_count{generation="2"}'
+    counts = [line for line in metrics.splitlines() if line.startswith(full)]
+    assert counts and float(counts[0].split()[-1]) >= 1, counts
+    assert len(gc.callbacks) == callbacks, "its watch is gone with it"
