@@ -85,6 +85,23 @@ def misheard(want: Answered | None, got: Answered | None) -> bool:
     return got is None or want is None or (got.tool, got.text) != (want.tool, want.text)
 
 
+def heard_as_written(conversation: Conversation, transcriber: WhisperTranscriber) -> bool:
+    """Whether Whisper, on each question's clean speech, hears what the router answers as it answers the question as
+    written (a follow-up from the answers before it). A test that must see the speech model use a span asks such
+    conversations, as `audible_questions` picks single questions, so that its outcome is the speech model's, not the
+    ASR's (Whisper tiny.en mishears "which day is it tomorrow?" in flite's voice as "which is it tomorrow?")."""
+    now = datetime.now(UTC)
+    router = Router(build_catalogue(clock=lambda: now))
+    history: tuple[Answered, ...] = ()
+    for question in conversation.questions:
+        want = routed(router, question.text, history)
+        heard = transcriber.transcribe(resample_24k_to_16k(say(question.text, conversation.voice)))
+        if want is None or misheard(want, routed(router, heard, history)):
+            return False
+        history += (want,)
+    return True
+
+
 async def converse(ws: str, conversation: Conversation, gap_s: float = TURN_GAP_S) -> list[SetTurn]:
     """One session asks the conversation's questions in turn, `gap_s` apart; each is scored from its own `<ret>`."""
     pcm, spans = conversation_audio(conversation, gap_s)

@@ -179,13 +179,12 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
         if preloaded is not None:
             profile = preloaded.profile
         load = model_loader(settings, profile, checkpoint)
-        model = preloaded or await asyncio.to_thread(load)
+        model = await loaded_beside_the_backend(state, lambda: preloaded or load())
         worker = ModelWorker(str(model.device))
         optimisations = Optimisations(model.device.type == "cuda", frozenset(settings.fail_optimisations))
         state.optimisations = optimisations
         cost = await calibrate(state, model, worker, optimisations)
         state.batcher = await start_batcher(state, model, worker, cost, optimisations)
-        state.backend = await asyncio.to_thread(Backend.create, settings)
         await asyncio.to_thread(state.backend.warm_up)
         trigger = resolve_trigger(settings.trigger, model.layout, settings.force_ret_frame is not None)
     except ModelLoadError as exc:
@@ -209,6 +208,21 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
     logger.info("froze %d objects made while loading: no garbage collection walks them", freeze_loaded())
     state.model, state.worker, state.trigger = model, worker, trigger  # ready: frozen before any session
     return load
+
+
+async def loaded_beside_the_backend(state: ServerState, load: Callable[[], LoadedModel]) -> LoadedModel:
+    """The model loads while the backend starts (its speech recognition process loads Whisper), each seconds of a
+    start; calibration comes after both, so that it measures the machine as it serves. A failed load still keeps the
+    backend it started, for the shutdown to close."""
+    creating = asyncio.create_task(asyncio.to_thread(Backend.create, state.settings))
+    try:
+        model = await asyncio.to_thread(load)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            state.backend = await creating
+        raise
+    state.backend = await creating
+    return model
 
 
 async def calibrate(state: ServerState, model: LoadedModel, worker: ModelWorker,

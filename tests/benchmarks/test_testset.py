@@ -14,16 +14,20 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from backend_agent.asr.transcriber import WhisperTranscriber
 from backend_agent.request import Answered
 from backend_agent.router import Router
 from backend_agent.tools import build_catalogue
 from benchmarks.behaviour_scoring import Turn, numbers_right, score
-from benchmarks.behaviour_testset import SetTurn, misheard, routed, wer
+from benchmarks.behaviour_testset import SetTurn, heard_as_written, misheard, routed, wer
 from benchmarks.harness import StreamResult
 from benchmarks.harness.testset import (
     MIN_EDITS,
     TESTSET_PATH,
     TESTSET_SHA256,
+    Conversation,
+    SetQuestion,
+    SetVoice,
     load_testset,
     nearest_edits,
     phrasing_words,
@@ -192,6 +196,17 @@ def test_a_question_heard_in_other_spelling_is_not_misheard_when_the_tool_answer
     assert not misheard(written, routed(router, "How many gallons are there in 13 liters?", ()))
     assert misheard(written, routed(router, "How many gallons are there in 30 liters?", ()))
     assert misheard(written, routed(router, "How many gallants are there in tin liters?", ()))
+
+
+def test_a_conversation_is_heard_as_written_only_if_whisper_hears_every_question_as_the_router_answers_it() -> None:
+    transcriber = WhisperTranscriber()
+    slt = SetVoice("flite", "slt")
+    first = SetQuestion("math", "what is twelve plus thirty?", {}, follow_up=False)
+    follow_up = SetQuestion("math", "so what is that minus two?", {}, follow_up=True)
+    nonsense = SetQuestion("units", "how many glorbs are in a flimflam?", {}, follow_up=False)
+    assert heard_as_written(Conversation("c", slt, (first, follow_up)), transcriber)
+    assert not heard_as_written(Conversation("c", slt, (follow_up,)), transcriber)  # nothing for it to follow
+    assert not heard_as_written(Conversation("c", slt, (first, nonsense)), transcriber)
 
 
 def test_word_error_counts_numbers_as_digits_on_both_sides() -> None:

@@ -4,14 +4,15 @@ no forcing hook, the real Whisper and the built-in router. Questions and voice a
 
 The model must emit `<ret>` itself after a spoken question, the question is transcribed, the router answers, the span
 goes in, and the agent's text after it carries the span's words in order; and it must not ask in silence. The same
-holds as row 2 of a batch next to a busy session, after the KV ring has wrapped, with the chunked prefill, for a
-span an app pushes, late in a two-minute call (fifteen windows of the model's context) as early in it, and for a
-later question of a conversation in a synthesizer training never heard (flite).
+holds as row 2 of a batch next to a busy session, with the chunked prefill, for a span an app pushes, late in a
+two-minute call (fifteen windows of the model's context, the KV ring wrapped three times over) as early in it, and for
+a later question of a conversation in a synthesizer training never heard (flite).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,19 +20,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.behaviour import ask, audible_questions, held_out_voice, question_audio
+from backend_agent.asr.transcriber import WhisperTranscriber
+from benchmarks.behaviour import ask, audible_questions, held_out_voice
 from benchmarks.behaviour_long import EDGE_S, TAIL_S, call_audio, long_call, rolls, said_the_answer
 from benchmarks.behaviour_scoring import (
     SAID_RECALL,
     Turn,
-    answered,
     in_order_recall,
-    score,
     stream_time,
     stream_when_free,
     words,
 )
-from benchmarks.behaviour_testset import converse
+from benchmarks.behaviour_testset import converse, heard_as_written
 from benchmarks.harness import StreamResult
 from benchmarks.harness.testset import Conversation, SetQuestion, SetVoice
 from contextspan_client import chat_url
@@ -52,7 +52,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 # up to 320 frames: the reference persona and voice prefix takes about 294 (the trained default persona's, 39). The
 # KV ring is the context (96 frames) plus those 320: it wraps after 33.3 s.
 FLAGS = ("--span-deadline-s", "20", "--question-wait-s", "3", "--max-span-frames", "320")
-RING_FRAMES = 96 + 320
 # The model is sampled, and it is tiny: it does not ask after every question (the bench measures how often, README).
 # Each behaviour below gets its own six held-out questions, ones Whisper hears right (`audible_questions`: the test is
 # the speech model's, not the ASR's), and must show itself on one of them: `<ret>` from the model within 2 s of the
@@ -78,7 +77,7 @@ def serve(tmp: Path, checkpoint: Path, *flags: str) -> RunningServer:
 
 @pytest.fixture(scope="session")
 def questions() -> list[str]:
-    return audible_questions(4 * PER_TEST, held_out_voice())
+    return audible_questions(3 * PER_TEST, held_out_voice())
 
 
 @pytest.fixture(scope="module")
@@ -108,14 +107,18 @@ def alone(ws: str) -> Callable[[str], Turn]:
 
 def test_the_model_asks_after_held_out_questions_and_says_the_routers_answers(server: RunningServer,
                                                                              questions: list[str]) -> None:
-    turns = [alone(server.ws)(q) for q in questions_for(questions, 0)]
-    assert sum(t.asked for t in turns) >= 2, turns
-    assert any(used_the_span(t) for t in turns), turns
+    """Asks until two questions were asked for and one of them answered with its span's words."""
+    turns: list[Turn] = []
+    for question in questions_for(questions, 0):
+        turns.append(alone(server.ws)(question))
+        if sum(t.asked for t in turns) >= 2 and any(used_the_span(t) for t in turns):
+            return
+    pytest.fail("fewer than two questions asked for, or none answered:\n" + "\n".join(map(str, turns)))
 
 
 def questions_for(questions: list[str], test: int) -> list[str]:
     """Each test's own questions, interleaved over the held-out order."""
-    return questions[test::4]
+    return questions[test::3]
 
 
 def test_no_ret_in_a_minute_of_silence(server: RunningServer) -> None:
@@ -140,23 +143,6 @@ def test_row_two_of_a_batch_next_to_a_busy_session_asks_and_answers(server: Runn
         return asyncio.run(both())
 
     first_answered(questions_for(questions, 1), beside_a_busy_session)
-
-
-def test_after_the_kv_ring_has_wrapped_the_model_still_asks_and_answers(server: RunningServer,
-                                                                       questions: list[str]) -> None:
-    lead = np.zeros(int((RING_FRAMES * 0.08 + 2.0) * SAMPLE_RATE), np.float32)
-    lead_s = len(lead) / SAMPLE_RATE
-
-    def after_a_long_silence(question: str) -> Turn:
-        pcm, end = question_audio(question, held_out_voice())
-        result = asyncio.run(stream_when_free(chat_url(server.ws, events=True), np.concatenate([lead, pcm]),
-                                              until=answered(end + lead_s, lead_s), until_timeout_s=40.0))
-        rets = result.of_type("retrieval")
-        assert all(e.t >= lead_s for e in rets), f"<ret> in the silence before the question: {rets}"
-        assert all(e.frame > RING_FRAMES for e in rets if e.t >= lead_s)
-        return score(question, end + lead_s, result, lead_s)
-
-    first_answered(questions_for(questions, 2), after_a_long_silence)
 
 
 def test_a_span_an_app_pushes_is_said_too(server: RunningServer) -> None:
@@ -188,7 +174,7 @@ def test_with_the_chunked_prefill_the_model_asks_and_answers(tmp_path: Path, tra
                                                              questions: list[str]) -> None:
     running = serve(tmp_path, trained, "--max-sessions", "1", "--span-prefill", "chunked")
     try:
-        first_answered(questions_for(questions, 3), alone(running.ws))
+        first_answered(questions_for(questions, 2), alone(running.ws))
     finally:
         stop_server(running)
 
@@ -227,14 +213,22 @@ def flite_conversation(seed: int) -> Conversation:
         SetQuestion(last.kind, last.question, {}, follow_up=False)))
 
 
+def audible_flite_conversations(count: int) -> list[Conversation]:
+    """The first `count` conversations (by seed) whose every question Whisper hears as written in flite's voice: the
+    test is the speech model's, not the ASR's."""
+    transcriber = WhisperTranscriber()
+    drawn = (flite_conversation(seed) for seed in itertools.count())
+    return list(itertools.islice((c for c in drawn if heard_as_written(c, transcriber)), count))
+
+
 def test_in_a_conversation_of_several_turns_in_an_unheard_synthesizer_a_later_question_is_answered(
         server: RunningServer) -> None:
     """Issue 35: one session, three questions 7 s apart in flite's voice (training heard espeak-ng only), a follow-up
     the router resolves from the answered history among them; a question after the first is asked for, heard as
     written and its answer said, in one of six conversations (the model is sampled)."""
     tried = []
-    for seed in range(PER_TEST):
-        turns = asyncio.run(converse(server.ws, flite_conversation(seed)))
+    for conversation in audible_flite_conversations(PER_TEST):
+        turns = asyncio.run(converse(server.ws, conversation))
         tried.append(turns)
         if any(used_the_span(t.turn) and not t.misheard for t in turns[1:]):
             return
