@@ -125,18 +125,20 @@ def test_bench_load_compares_both_protocols_side_by_side(tmp_path: Path) -> None
 
 def test_bench_asks_reports_every_room_statements_and_questions_and_a_lower_ret_logit_asks_less(
         tmp_path: Path) -> None:
+    """On the training sentences (`--split train`): the held-out split differs only in what it draws, and each run
+    spends over a minute encoding its rooms (one run, not one per split)."""
     from frontend_model.training.served import PROFILES
 
     out = tmp_path / "asks.json"
-    bench("asks", "--statements", "2", "--questions", "2", "--follow-ups", "1", "--json", str(out))
+    bench("asks", "--split", "train", "--statements", "2", "--questions", "2", "--follow-ups", "1", "--json", str(out))
     report = json.loads(out.read_text())
-    assert report["set"].startswith("development")
+    assert report["split"] == "train" and report["set"] == "development (train recipes, not the test set)"
     rows = report["rows"]
     assert rows[0]["ret_logit_shift"] == 0 and all(a["ret_logit_shift"] > b["ret_logit_shift"]
                                                    for a, b in pairwise(rows))
     for row in rows:
         assert list(row["rets_per_min_by_room"]) == [p.name for p in PROFILES]
-        assert 0 <= row["asks_per_statement"] <= 1 and 0 <= row["questions_asked"] <= 1
+        assert all(0 <= row[key] <= 1 for key in ("asks_per_statement", "questions_asked", "follow_ups_asked"))
     offsets = report["ret_chance_by_offset"]
     assert all(len(offsets[kind]) == len(offsets["from"]) and all(0 <= c <= 1 for c in offsets[kind])
                for kind in ("statements", "questions"))
@@ -146,11 +148,3 @@ def test_bench_asks_reports_every_room_statements_and_questions_and_a_lower_ret_
     assert heard["distinct_codes_by_codebook"] and heard["speech_frames"] > 0
     codes = heard["distinct_codes_by_codebook"]
     assert all(1 <= n <= heard["distinct_frames"] <= heard["speech_frames"] for n in codes)
-
-
-def test_bench_asks_asks_the_training_sentences_when_told(tmp_path: Path) -> None:
-    out = tmp_path / "asks.json"
-    bench("asks", "--split", "train", "--statements", "2", "--questions", "2", "--follow-ups", "1", "--json", str(out))
-    report = json.loads(out.read_text())
-    assert report["split"] == "train" and report["set"] == "development (train recipes, not the test set)"
-    assert 0 <= report["rows"][0]["follow_ups_asked"] <= 1
