@@ -211,9 +211,9 @@ async def load_into(state: ServerState, preloaded: LoadedModel | None) -> Callab
 
 
 async def loaded_beside_the_backend(state: ServerState, load: Callable[[], LoadedModel]) -> LoadedModel:
-    """The model loads while the backend starts (its speech recognition process loads Whisper), each seconds of a
-    start; calibration comes after both, so that it measures the machine as it serves. A failed load still keeps the
-    backend it started, for the shutdown to close."""
+    """The model loads while the backend starts its speech recognition process (each takes seconds of a start);
+    calibration comes after both, so that it measures the machine as it serves. A failed load still keeps the backend
+    it started, for the shutdown to close."""
     creating = asyncio.create_task(asyncio.to_thread(Backend.create, state.settings))
     try:
         model = await asyncio.to_thread(load)
