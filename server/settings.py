@@ -62,6 +62,10 @@ class ServerSettings(BaseSettings):
     span_cap: Literal["calibrated", "fixed"] = Field(
         "calibrated", description="calibrated: a span is cut to what its prefill fits in the frame budget by the "
         "startup measurement; fixed: spans up to max_span_frames whatever it says (tests, slow hosts)")
+    calibration_cache: Path | None = Field(
+        None, description="a folder where the startup measurement is kept, and read back instead of measured again "
+        "by a later start with the same model, machine and settings (seconds of every start; replicas of one kind "
+        "of machine may share it); delete its files to measure again")
     span_prefill: Literal["faster", "one-pass", "chunked"] = Field(
         "faster", description="how spans are written: whichever the startup measurement found faster per length, one "
         "forward pass, or power-of-two chunks on a scratch row (the same state either way)")

@@ -1,4 +1,6 @@
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +16,19 @@ if os.environ.get("CONTEXTSPAN_TEST_DEVICE", "cpu").startswith("cuda"):
     # Exact float32 comparisons on a GPU: TF32 would round matmul and convolution inputs to 10-bit mantissas.
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+
+CALIBRATION_CACHE = "CONTEXTSPAN_CALIBRATION_CACHE"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every server this run starts, in this process or another, measures a model, machine and settings once and reads
+    that back at its later starts (server/app/kept_calibration.py): seconds of each of some 80 starts. The folder is
+    this run's own, so that no run reads what another measured."""
+    os.environ[CALIBRATION_CACHE] = tempfile.mkdtemp(prefix="contextspan-calibration-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(os.environ.pop(CALIBRATION_CACHE, ""), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

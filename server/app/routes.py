@@ -36,6 +36,7 @@ from frontend_model.engine.optimisations import Optimisations
 from frontend_model.loading.loader import LoadedModel, ModelLoadError, default_device, load_model
 from frontend_model.span.build import MIN_SPAN_FRAMES
 from frontend_model.training.profile import profile_checkpoint
+from server.app.kept_calibration import calibration_key, keep, read_kept
 from server.batching.batcher import Batcher
 from server.batching.tick_scheduler import TICK_SHARE, admission_log, admit
 from server.batching.window_policy import WindowPolicy, resolve_window
@@ -228,12 +229,20 @@ async def loaded_beside_the_backend(state: ServerState, load: Callable[[], Loade
 async def calibrate(state: ServerState, model: LoadedModel, worker: ModelWorker,
                     optimisations: Optimisations) -> TickCost:
     """What a span and a tick of each batch size cost on this machine; sizes stop past the tick's share. The step
-    graphs start first, so that where they fail the eager step that will serve is what is measured."""
+    graphs start first, so that where they fail the eager step that will serve is what is measured. With a
+    calibration cache, a start whose model, machine and settings were measured before reads that measurement."""
     settings = state.settings
     limit_s = settings.deadline_ms / 1e3 * TICK_SHARE
+    sizes = tick_sizes(settings.max_sessions)
     await worker.run(lambda: capture_step_graphs(model, optimisations, settings.max_span_frames))
-    return await worker.run(lambda: calibrate_costs(model, tick_sizes(settings.max_sessions), limit_s,
-                                                    settings.max_span_frames, optimisations))
+    folder = settings.calibration_cache
+    key = calibration_key(model, sizes, limit_s, settings.max_span_frames, optimisations)
+    if folder is not None and (kept := optimisations.attempt("calibration", lambda: read_kept(folder, key))):
+        return kept
+    cost = await worker.run(lambda: calibrate_costs(model, sizes, limit_s, settings.max_span_frames, optimisations))
+    if folder is not None and optimisations.enabled("calibration"):  # never an assumed cost
+        await asyncio.to_thread(keep, folder, key, cost)
+    return cost
 
 
 async def start_batcher(state: ServerState, model: LoadedModel, worker: ModelWorker, cost: TickCost,

@@ -69,7 +69,7 @@ def in_process_server(settings: ServerSettings, model: LoadedModel | None = None
     thread.start()
     state: ServerState = app.state.server
     deadline = time.monotonic() + 120
-    while not state.ready() and time.monotonic() < deadline:
+    while not state.ready() and state.load_error is None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert state.ready(), state.load_error
     try:
