@@ -78,8 +78,9 @@ case "${1:-}" in
         setup_debian_packages test
         setup_python test
         .venv/bin/ruff check .
-        # The slowest tests are named at the end: what to trim when the suite nears CI's hour.
-        exec .venv/bin/python -m pytest -m "" --durations=30 "$@"
+        # Two lanes (scripts/test_lanes.py); each names its slowest tests at the end: what to trim when the suite
+        # nears CI's hour.
+        exec .venv/bin/python scripts/test_lanes.py "$@"
         ;;
     *)
         echo "usage: scripts/dev.sh serve [flags] | scripts/dev.sh test [pytest args]" >&2
