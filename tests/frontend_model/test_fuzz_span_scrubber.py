@@ -21,8 +21,6 @@ from frontend_model.span.build import build_prefix, build_span
 from frontend_model.span.normaliser import normalise_text, scrub_control_text
 from frontend_model.span.text_ids import non_text_ids
 
-pytestmark = pytest.mark.timeout(120)  # a hang fails the test instead of stalling CI
-
 FUZZ = settings(max_examples=150, derandomize=True, database=None, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
