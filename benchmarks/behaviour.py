@@ -111,7 +111,7 @@ async def ask(ws: str, questions: Sequence[str], voice: Voice, spans: Sequence[t
     """Each question in its own session, `lead_s` into it, all at once (a batch of len(questions))."""
     audio = [question_audio(q, voice, lead_s) for q in questions]
     results = await asyncio.gather(*[
-        stream_when_free(chat_url(ws, events=True), pcm, until=answered(end), until_timeout_s=40.0, texts=spans)
+        stream_when_free(chat_url(ws, events=True), pcm, until=answered(end), until_timeout_s=60.0, texts=spans)
         for pcm, end in audio])
     return [score(q, end, r) for q, (_, end), r in zip(questions, audio, results, strict=True)]
 

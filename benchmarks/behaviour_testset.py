@@ -107,7 +107,7 @@ async def converse(ws: str, conversation: Conversation, gap_s: float = TURN_GAP_
     pcm, spans = conversation_audio(conversation, gap_s)
     last_start, last_end = spans[-1]
     result = await stream_when_free(chat_url(ws, events=True), pcm, until=answered(last_end, last_start),
-                                    until_timeout_s=40.0)
+                                    until_timeout_s=60.0)
     now = datetime.now(UTC)  # one instant for both answers: they are compared by their text
     router = Router(build_catalogue(clock=lambda: now))
     written: tuple[Answered, ...] = ()

@@ -48,10 +48,11 @@ from .servers import RunningServer, start_server, stop_server
 # inside its timeout.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-# Spans are timed, not cut: a loaded host's Whisper must not decide an outcome (the bench reports the times). Blocks
+# Spans are timed, not cut: a loaded host's Whisper must not decide an outcome (the bench reports the times; with a
+# core taken, a slow host's final transcripts came 20-24 s after the question, so the deadline is twice that). Blocks
 # up to 320 frames: the reference persona and voice prefix takes about 294 (the trained default persona's, 39). The
 # KV ring is the context (96 frames) plus those 320: it wraps after 33.3 s.
-FLAGS = ("--span-deadline-s", "20", "--question-wait-s", "3", "--max-span-frames", "320")
+FLAGS = ("--span-deadline-s", "45", "--question-wait-s", "3", "--max-span-frames", "320")
 # The model is sampled, and it is tiny: it does not ask after every question (the bench measures how often, README).
 # Each behaviour below gets its own six held-out questions, ones Whisper hears right (`audible_questions`: the test is
 # the speech model's, not the ASR's), and must show itself on one of them: `<ret>` from the model within 2 s of the
