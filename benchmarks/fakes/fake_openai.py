@@ -17,6 +17,8 @@ from fastapi.responses import JSONResponse, Response
 
 from benchmarks.harness import free_port
 
+HANG_S = 30.0  # how long a hung request holds before it answers: past the span deadline of whoever uses it
+
 
 @dataclass
 class Script:
@@ -53,7 +55,7 @@ def make_app(script: Script) -> FastAPI:
                     "function": {"name": reply["tool"], "arguments": json.dumps(reply["arguments"])}}
             return JSONResponse(_completion({"content": None, "tool_calls": [call]}))
         if script.mode == "hang":
-            await asyncio.sleep(30)
+            await asyncio.sleep(HANG_S)
         if script.mode == "error500":
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
         if script.mode == "garbage":
