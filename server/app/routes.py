@@ -235,12 +235,19 @@ async def calibrate(state: ServerState, model: LoadedModel, worker: ModelWorker,
     limit_s = settings.deadline_ms / 1e3 * TICK_SHARE
     sizes = tick_sizes(settings.max_sessions)
     await worker.run(lambda: capture_step_graphs(model, optimisations, settings.max_span_frames))
+
+    def measure() -> TickCost:
+        return calibrate_costs(model, sizes, limit_s, settings.max_span_frames, optimisations)
+
     folder = settings.calibration_cache
+    if folder is None:
+        return await worker.run(measure)
     key = calibration_key(model, sizes, limit_s, settings.max_span_frames, optimisations)
-    if folder is not None and (kept := optimisations.attempt("calibration", lambda: read_kept(folder, key))):
+    kept = await asyncio.to_thread(optimisations.attempt, "calibration", lambda: read_kept(folder, key))
+    if kept is not None:
         return kept
-    cost = await worker.run(lambda: calibrate_costs(model, sizes, limit_s, settings.max_span_frames, optimisations))
-    if folder is not None and optimisations.enabled("calibration"):  # never an assumed cost
+    cost = await worker.run(measure)
+    if optimisations.enabled("calibration"):  # never an assumed cost
         await asyncio.to_thread(keep, folder, key, cost)
     return cost
 

@@ -49,7 +49,7 @@ from .servers import RunningServer, start_server, stop_server
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # Spans are timed, not cut: a loaded host's Whisper must not decide an outcome (the bench reports the times; with a
-# core taken, a slow host's final transcripts came 20-24 s after the question, so the deadline is twice that). Blocks
+# core taken, a slow host's final transcripts came 20-24 s after a question: the deadline is about twice). Blocks
 # up to 320 frames: the reference persona and voice prefix takes about 294 (the trained default persona's, 39). The
 # KV ring is the context (96 frames) plus those 320: it wraps after 33.3 s.
 FLAGS = ("--span-deadline-s", "45", "--question-wait-s", "3", "--max-span-frames", "320")
